@@ -1,0 +1,5 @@
+"""Kept for ``python setup.py``-style installs; the metadata is in pyproject.toml."""
+
+from setuptools import setup
+
+setup()

@@ -1,0 +1,110 @@
+"""Starting and stopping Synkhronos: ``fork``, ``distribute``, ``close``."""
+
+import numbers
+import time
+
+from . import _runtime
+
+__all__ = ["fork", "distribute", "close"]
+
+
+def _check_int(value, argname, low):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError("%s must be an int, got %r" % (argname, value))
+    if value < low:
+        raise ValueError("%s must be >= %d, got %d" % (argname, low, value))
+    return int(value)
+
+
+def _default_float32():
+    """Use float32 unless the user chose a floatX: the seed's examples (written for
+    Theano GPU setups) mix float32 data with ``T.matrix`` variables."""
+    import pytensor
+
+    param = pytensor.config._config_var_dict["floatX"]
+    if param.is_default and pytensor.config.floatX == param.default and param.default != "float32":
+        pytensor.config.floatX = "float32"
+        print("Synkhronos: set pytensor.config.floatX = 'float32' (choose floatX explicitly, "
+              "e.g. PYTENSOR_FLAGS=floatX=float64, to keep another)", flush=True)
+
+
+def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
+         max_n_var=1000, max_dim=16):
+    """Start the worker processes.  Call before building Synkhronos functions.
+
+    Parameters
+    ----------
+    n_parallel : int, optional
+        Number of ranks (the master is one of them); default: every GPU, or
+        every usable CPU core for CPU workers.
+    use_gpu : bool or None, optional
+        None (default): GPUs when there are any, else CPU workers.  False: CPU
+        workers.  True: GPUs, or an error if there are none.
+    master_rank : int, optional
+        Rank of the master process (for GPUs: which GPU the master drives).
+    profile_workers : bool, optional
+        Record a cProfile of each worker, written to the temp directory on close.
+    max_n_var, max_dim : int, optional
+        Accepted for compatibility; nothing here needs fixed sizes.
+
+    Notes
+    -----
+    If PyTensor's ``floatX`` was not chosen by the user (flag or config file),
+    ``fork`` sets it to ``'float32'``, the setting the original Theano examples
+    assume and the fast one on GPUs.
+
+    Returns
+    -------
+    int
+        Number of ranks.
+
+    Raises
+    ------
+    RuntimeError
+        If already forked, or ``use_gpu=True`` and no GPU can be used.
+    TypeError, ValueError
+        For malformed arguments.
+    """
+    if _runtime.current() is not None:
+        raise RuntimeError("Synkhronos is already forked: call synkhronos.close() before forking again")
+    if use_gpu not in (None, True, False):
+        raise TypeError("use_gpu must be None, True or False, got %r" % (use_gpu,))
+    _check_int(max_n_var, "max_n_var", 1)
+    _check_int(max_dim, "max_dim", 1)
+    device = _runtime.default_device(use_gpu)
+    available = device.available()
+    n = available if n_parallel is None else _check_int(n_parallel, "n_parallel", 1)
+    master_rank = _check_int(master_rank, "master_rank", 0)
+    if master_rank >= n:
+        raise ValueError("master_rank must be < n_parallel=%d, got %d" % (n, master_rank))
+    _default_float32()
+    print("Synkhronos attempting to use %d of %d detected %s..." % (n, available, device.label), flush=True)
+    _runtime.start(n, master_rank, device, bool(profile_workers))
+    print("Synkhronos: %d %s initialized, master rank: %d"
+          % (n, "CPU workers" if device.name == "cpu" else "GPUs", master_rank), flush=True)
+    return n
+
+
+def distribute():
+    """Replicate all Synkhronos functions, and their shared variables, in the
+    workers.  Call once, after building the last function and before calling any.
+
+    All functions are pickled together, so a shared variable used by several
+    functions stays one variable in each worker.
+
+    Raises
+    ------
+    RuntimeError
+        If not forked, or already distributed.
+    """
+    rt = _runtime.require(distributed=False)
+    print("Synkhronos distributing functions...", flush=True)
+    t0 = time.monotonic()
+    rt.distribute()
+    print("...distribution complete (%.0f s)." % (time.monotonic() - t0), flush=True)
+
+
+def close():
+    """Stop the workers and release all shared memory.  Idempotent; also runs
+    at exit.  After ``close()``, ``fork()`` may start a new session."""
+    _runtime.shutdown()

@@ -1,0 +1,356 @@
+"""Collectives on shared variables: every rank holds its own copy of each shared
+variable used in a Synkhronos function; these calls move values between copies.
+
+Naming rule (as in MPI): ``X`` acts toward or from the master (rank
+``master_rank``); ``all_X`` leaves the result on every rank.  Every call takes one
+shared variable or a list/tuple of them, and returns one result or a tuple.
+``nccl=True`` means "use the device collective when there is one"; CPU workers
+always move data through shared memory.
+"""
+
+import numbers
+
+import numpy as np
+
+from . import _runtime
+from ._data import Data
+from ._exchange import receive
+from ._plan import check_selection_fits, normalize_batch, selection_length, split_bounds, sub_selection, take_rows
+from ._protocol import Command
+from ._reduce import check_op, reduce_values
+
+__all__ = [
+    "broadcast",
+    "scatter",
+    "gather",
+    "all_gather",
+    "reduce",
+    "all_reduce",
+    "set_value",
+    "get_value",
+    "get_lengths",
+    "get_shapes",
+]
+
+
+def _targets(rt, shared_vars):
+    """(variables, ids, single) for a ``shared_vars`` argument."""
+    from pytensor.compile.sharedvalue import SharedVariable
+
+    single = isinstance(shared_vars, SharedVariable)
+    variables = [shared_vars] if single else shared_vars
+    if not isinstance(variables, (list, tuple)) or not variables or \
+            not all(isinstance(v, SharedVariable) for v in variables):
+        raise TypeError("shared_vars must be a shared variable or a non-empty list of them, got %r"
+                        % (shared_vars,))
+    ids = []
+    for v in variables:
+        i = rt.shared_id(v)
+        if i is None:
+            raise ValueError("shared variable %r is not used in any Synkhronos function, so the "
+                             "workers do not have it" % (v,))
+        ids.append(i)
+    return list(variables), ids, single
+
+
+def _values_for(values, variables, argname="values"):
+    """One value per variable, as numpy arrays or Data of the variable's type."""
+    if len(variables) == 1 and not (isinstance(values, (list, tuple)) and len(values) == 1
+                                    and isinstance(values[0], (Data, np.ndarray))):
+        values = [values]
+    if not isinstance(values, (list, tuple)) or len(values) != len(variables):
+        raise ValueError("%s must give one value for each of the %d shared variables, got %r"
+                         % (argname, len(variables), values))
+    out = []
+    for v, var in zip(values, variables):
+        if isinstance(v, Data):
+            if v.dtype != var.dtype or v.ndim != var.ndim:
+                raise TypeError("%s: Data of dtype %s, ndim %d does not fit %s (dtype %s, ndim %d)"
+                                % (argname, v.dtype, v.ndim, var, var.dtype, var.ndim))
+            if v.data is None:
+                raise ValueError("%s: Data %r holds no memory" % (argname, v))
+            out.append(v)
+            continue
+        arr = np.asarray(v)
+        if arr.dtype != var.dtype:
+            arr = np.asarray(var.type.filter(arr))  # PyTensor's own casting rules
+        if arr.ndim != var.ndim:
+            raise TypeError("%s: value of ndim %d does not fit %s (ndim %d)"
+                            % (argname, arr.ndim, var, var.ndim))
+        out.append(arr)
+    return out
+
+
+def _token(rt, value):
+    """How workers find ``value``: a Data segment, or the master's exchange buffer."""
+    if isinstance(value, Data):
+        return value._ref()
+    return rt.exchange.send([value])[0]
+
+
+def _array(value):
+    return value.data if isinstance(value, Data) else value
+
+
+def _check_bool(flag, argname):
+    if not isinstance(flag, (bool, np.bool_)):
+        raise TypeError("%s must be True or False, got %r" % (argname, flag))
+
+
+def _check_rank(rt, rank):
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+        raise TypeError("rank must be an int, got %r" % (rank,))
+    if not 0 <= rank < rt.n_parallel:
+        raise ValueError("rank must be in [0, %d), got %d" % (rt.n_parallel, rank))
+    return int(rank)
+
+
+def _result(items, single):
+    return items[0] if single else tuple(items)
+
+
+def _gather_arrays(rt, ids, ranks=None):
+    """Values of shared variables ``ids`` from ``ranks`` (default all), as
+    {rank: [arrays]}; worker arrays are views valid until their next send."""
+    dev = rt.device
+    m = rt.master_rank
+    ranks = list(range(rt.n_parallel)) if ranks is None else ranks
+    workers = [r for r in ranks if r != m]
+    local = (lambda: [dev.get_value(rt.shareds[i]) for i in ids]) if m in ranks else None
+    mine, replies = rt.request(Command.SEND_SHAREDS, ids, ranks=workers, local=local)
+    out = {r: receive(tokens, rt.cache) for r, tokens in replies.items()}
+    if m in ranks:
+        out[m] = mine
+    return out
+
+
+def _set_all(rt, variables, ids, values, rows=None, ranks=None):
+    """Set shared variables on ``ranks`` (default all) to ``values``, taking
+    ``rows[rank][k]`` (a selection or None) of value k on each rank."""
+    m = rt.master_rank
+    ranks = list(range(rt.n_parallel)) if ranks is None else ranks
+    tokens = [_token(rt, v) for v in values] if any(r != m for r in ranks) else None
+
+    def rows_of(rank):
+        return [None] * len(ids) if rows is None else rows[rank]
+
+    payloads = {r: [(i, t, s) for i, t, s in zip(ids, tokens, rows_of(r))] for r in ranks if r != m}
+
+    def local():
+        for var, v, sel in zip(variables, values, rows_of(m)):
+            rt.device.set_value(var, take_rows(_array(v), sel))
+
+    rt.request(Command.SET_SHAREDS, payloads, ranks=sorted(payloads), local=local if m in ranks else None)
+
+
+def broadcast(shared_vars, values=None, nccl=True):
+    """Give every rank the same value of each shared variable.
+
+    Parameters
+    ----------
+    shared_vars : SharedVariable or list of SharedVariable
+    values : array_like, Data, or a list of those, optional
+        New values, one per variable; default: the master's current values.
+    nccl : bool, optional
+        Use the device collective when there is one.
+    """
+    rt = _runtime.require(distributed=True)
+    _check_bool(nccl, "nccl")
+    variables, ids, _ = _targets(rt, shared_vars)
+    if values is None:
+        values = [rt.device.get_value(v) for v in variables]
+        ranks = rt.worker_ranks
+    else:
+        values = _values_for(values, variables)
+        ranks = None
+    _set_all(rt, variables, ids, values, ranks=ranks)
+
+
+def scatter(shared_vars, values, batch=None):
+    """Split each value along axis 0 as evenly as possible and give rank r the
+    r-th part (the first ``length % n`` ranks get one extra row).
+
+    Parameters
+    ----------
+    shared_vars : SharedVariable or list of SharedVariable
+    values : array_like, Data, or a list of those
+        One per variable.  Workers read their rows of a ``Data`` in place.
+    batch : int, slice, list of int or 1-d int array, optional
+        Scatter only these rows of each value.
+    """
+    rt = _runtime.require(distributed=True)
+    variables, ids, _ = _targets(rt, shared_vars)
+    values = _values_for(values, variables)
+    rows = [[] for _ in range(rt.n_parallel)]
+    for v, var in zip(values, variables):
+        arr = _array(v)
+        if arr.ndim == 0:
+            raise TypeError("cannot scatter the 0-d value for %s" % (var,))
+        sel = slice(0, len(arr)) if batch is None else normalize_batch(batch, len(arr))
+        check_selection_fits(sel, len(arr), "the value for %s" % (var,))
+        for r, (p0, p1) in enumerate(split_bounds(selection_length(sel), rt.n_parallel)):
+            rows[r].append(sub_selection(sel, p0, p1))
+    _set_all(rt, variables, ids, values, rows=rows)
+
+
+def gather(shared_vars, nd_up=1, nccl=True):
+    """Collect each shared variable's values from all ranks into the master.
+
+    Parameters
+    ----------
+    shared_vars : SharedVariable or list of SharedVariable
+    nd_up : {1, 0}, optional
+        1: stack the ranks' values along a new axis 0 (if their shapes differ, a
+        list of per-rank arrays is returned instead); 0: concatenate along axis 0.
+    nccl : bool, optional
+        Use the device collective when there is one.
+
+    Returns
+    -------
+    array (or list of arrays, see ``nd_up``), or a tuple of them for a list
+    """
+    rt = _runtime.require(distributed=True)
+    _check_bool(nccl, "nccl")
+    if nd_up not in (0, 1) or isinstance(nd_up, bool):
+        raise ValueError("nd_up must be 0 or 1, got %r" % (nd_up,))
+    variables, ids, single = _targets(rt, shared_vars)
+    arrays = _gather_arrays(rt, ids)
+    results = []
+    for k, var in enumerate(variables):
+        values = [arrays[r][k] for r in range(rt.n_parallel)]
+        results.append(_join(values, nd_up, var))
+    return _result(results, single)
+
+
+def _join(values, nd_up, var):
+    if nd_up == 1:
+        if len({v.shape for v in values}) == 1:
+            return np.stack(values)
+        return [np.array(v) for v in values]
+    if values[0].ndim == 0:
+        raise ValueError("cannot concatenate 0-d values of %s; use nd_up=1" % (var,))
+    if len({v.shape[1:] for v in values}) > 1:
+        raise ValueError("cannot concatenate values of %s with shapes %s along axis 0"
+                         % (var, [v.shape for v in values]))
+    return np.concatenate(values)
+
+
+def all_gather(shared_vars, nccl=True):
+    """Every rank's variable becomes the concatenation (along axis 0) of all
+    ranks' values, in rank order.  ndim is unchanged."""
+    rt = _runtime.require(distributed=True)
+    _check_bool(nccl, "nccl")
+    variables, ids, _ = _targets(rt, shared_vars)
+    arrays = _gather_arrays(rt, ids)
+    joined = [_join([arrays[r][k] for r in range(rt.n_parallel)], 0, var) for k, var in enumerate(variables)]
+    _set_all(rt, variables, ids, joined)
+
+
+def _reduced(rt, shared_vars, op):
+    check_op(op, allow_none=False)
+    variables, ids, single = _targets(rt, shared_vars)
+    arrays = _gather_arrays(rt, ids)
+    results = []
+    for k, var in enumerate(variables):
+        values = [arrays[r][k] for r in range(rt.n_parallel)]
+        if len({v.shape for v in values}) > 1:
+            raise ValueError("cannot reduce %s: its shapes differ between ranks: %s"
+                             % (var, [v.shape for v in values]))
+        results.append(np.asarray(reduce_values(values, op), dtype=var.dtype))
+    return variables, ids, single, results
+
+
+def reduce(shared_vars, op="avg", in_place=True, nccl=True):
+    """Reduce each shared variable's values from all ranks into the master.
+
+    Parameters
+    ----------
+    shared_vars : SharedVariable or list of SharedVariable
+    op : {"avg", "sum", "prod", "max", "min"}, optional
+    in_place : bool, optional
+        Overwrite the master's value (default) instead of returning the result.
+    nccl : bool, optional
+        Use the device collective when there is one.
+
+    Returns
+    -------
+    None, or with ``in_place=False`` the result(s)
+    """
+    rt = _runtime.require(distributed=True)
+    _check_bool(nccl, "nccl")
+    _check_bool(in_place, "in_place")
+    variables, _, single, results = _reduced(rt, shared_vars, op)
+    if not in_place:
+        return _result(results, single)
+    for var, r in zip(variables, results):
+        rt.device.set_value(var, r)
+    return None
+
+
+def all_reduce(shared_vars, op="avg", nccl=True):
+    """Reduce each shared variable over all ranks and leave the result on every
+    rank.  ``op`` as in ``reduce``."""
+    rt = _runtime.require(distributed=True)
+    _check_bool(nccl, "nccl")
+    variables, ids, _, results = _reduced(rt, shared_vars, op)
+    _set_all(rt, variables, ids, results)
+
+
+def set_value(rank, shared_vars, values, batch=None):
+    """Set shared variable value(s) on one rank.
+
+    Parameters
+    ----------
+    rank : int
+    shared_vars : SharedVariable or list of SharedVariable
+    values : array_like, Data, or a list of those (one per variable)
+    batch : int, slice, list of int or 1-d int array, optional
+        Use only these rows of each value.
+    """
+    rt = _runtime.require(distributed=True)
+    rank = _check_rank(rt, rank)
+    variables, ids, _ = _targets(rt, shared_vars)
+    values = _values_for(values, variables)
+    rows = None
+    if batch is not None:
+        sels = []
+        for v, var in zip(values, variables):
+            arr = _array(v)
+            sel = normalize_batch(batch, len(arr))
+            check_selection_fits(sel, len(arr), "the value for %s" % (var,))
+            sels.append(sel)
+        rows = {rank: sels}
+    _set_all(rt, variables, ids, values, rows=rows, ranks=[rank])
+
+
+def get_value(rank, shared_vars):
+    """Value(s) of shared variable(s) on one rank, as numpy arrays (copies)."""
+    rt = _runtime.require(distributed=True)
+    rank = _check_rank(rt, rank)
+    variables, ids, single = _targets(rt, shared_vars)
+    arrays = _gather_arrays(rt, ids, ranks=[rank])[rank]
+    return _result([np.array(a) for a in arrays], single)
+
+
+def get_shapes(shared_vars):
+    """Shapes of shared variable(s) on every rank: a list (one shape per rank),
+    or a list of such lists for a list of variables."""
+    rt = _runtime.require(distributed=True)
+    variables, ids, single = _targets(rt, shared_vars)
+    dev = rt.device
+    mine, replies = rt.request(Command.GET_SHAPES, ids,
+                               local=lambda: [tuple(dev.get_value(rt.shareds[i]).shape) for i in ids])
+    replies[rt.master_rank] = mine
+    per_var = [[replies[r][k] for r in range(rt.n_parallel)] for k in range(len(ids))]
+    return per_var[0] if single else per_var
+
+
+def get_lengths(shared_vars):
+    """Lengths (axis 0) of shared variable(s) on every rank, like ``get_shapes``."""
+    shapes = get_shapes(shared_vars)
+    nested = shapes if isinstance(shared_vars, (list, tuple)) else [shapes]
+    for per_rank in nested:
+        if any(len(s) == 0 for s in per_rank):
+            raise TypeError("a 0-d shared variable has no length; use get_shapes()")
+    lengths = [[s[0] for s in per_rank] for per_rank in nested]
+    return lengths if isinstance(shared_vars, (list, tuple)) else lengths[0]

@@ -1,0 +1,221 @@
+"""The part of a Synkhronos function that runs on every rank.
+
+A ``FunctionCore`` holds the compiled PyTensor function and the symbolic graph it
+came from.  Variants that a call may need (an output subset, slicing with
+accumulated updates, ``batch_s`` on sliceable shared variables) are compiled from
+that graph on first use, in whichever process needs them.  Cores are pickled
+together at ``distribute()``, so the shared variables of all functions keep their
+correspondence in every worker.
+"""
+
+import numpy as np
+
+from ._plan import (
+    check_selection_fits,
+    selection_length,
+    split_bounds,
+    sub_selection,
+    take_rows,
+)
+from ._reduce import Accumulator
+
+__all__ = ["FunctionCore"]
+
+
+class FunctionCore:
+    """Executable core of one Synkhronos function (see module docstring).
+
+    Parameters
+    ----------
+    ID : int
+        Index of the function in the runtime.
+    plain : pytensor Function
+        The function as the user asked for it (all outputs, updates applied).
+    inputs : list of Variable
+        Scattered inputs followed by broadcast inputs.
+    n_scatter : int
+        How many of ``inputs`` are scattered.
+    outputs, output_modes : list
+        Output variables and their reduce operations.
+    updates, update_modes : list
+        ``(shared, expression)`` pairs and their reduce operations for slicing.
+    givens : list of pairs
+    sliceable : list of SharedVariable
+    kwargs : dict
+        Passed on to every ``pytensor.function`` call.
+    """
+
+    def __init__(self, ID, plain, inputs, n_scatter, outputs, output_modes,
+                 updates, update_modes, givens, sliceable, kwargs):
+        self.ID = ID
+        self.inputs = inputs
+        self.n_scatter = n_scatter
+        self.outputs = outputs
+        self.output_modes = output_modes
+        self.updates = updates
+        self.update_modes = update_modes
+        self.givens = givens
+        self.sliceable = sliceable
+        self.kwargs = kwargs
+        self.in_dtypes = [np.dtype(v.dtype) for v in inputs]
+        self.full_subset = tuple(range(len(outputs)))
+        self._variants = {(self.full_subset, False, None): plain}
+
+    @property
+    def plain(self):
+        return self._variants[(self.full_subset, False, None)]
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        # Only the plain function travels; the others are re-made where needed.
+        key = (self.full_subset, False, None)
+        state["_variants"] = {key: self._variants[key]}
+        return state
+
+    # ------------------------------------------------------------------ variants
+    def variant(self, subset, accumulate, share_kind):
+        """The compiled function for an output ``subset`` (tuple of indices),
+        with updates returned as outputs when ``accumulate``, and the sliceable
+        shared variables indexed by a slice or an index vector (``share_kind``
+        ``'slice'``/``'index'``/None)."""
+        key = (subset, accumulate, share_kind)
+        fn = self._variants.get(key)
+        if fn is None:
+            fn = self._variants[key] = self._compile(subset, accumulate, share_kind)
+        return fn
+
+    def _compile(self, subset, accumulate, share_kind):
+        import pytensor
+        import pytensor.tensor as pt
+
+        ins = list(self.inputs)
+        givens = list(self.givens)
+        if share_kind == "slice":
+            start, stop = pt.lscalar("synk_start"), pt.lscalar("synk_stop")
+            ins += [start, stop]
+            givens += [(s, s[start:stop]) for s in self.sliceable]
+        elif share_kind == "index":
+            idx = pt.lvector("synk_index")
+            ins.append(idx)
+            givens += [(s, s[idx]) for s in self.sliceable]
+        outs = [self.outputs[i] for i in subset]
+        updates = self.updates
+        if accumulate:
+            outs += [u for _, u in updates]
+            updates = []
+        kwargs = dict(self.kwargs)
+        kwargs.setdefault("on_unused_input", "ignore")
+        return pytensor.function(ins, outs, updates=updates, givens=givens, **kwargs)
+
+    # ----------------------------------------------------------------- execution
+    def _fit(self, arrays):
+        """Safely upcast inputs whose Data dtype differs from the variable's (as
+        ``pytensor.function`` does for numpy inputs); each rank casts its rows."""
+        return [a if a.dtype == dt else a.astype(dt) for a, dt in zip(arrays, self.in_dtypes)]
+
+    def _share_length(self, share_sel, need_equal):
+        lengths = [s.get_value(borrow=True).shape[0] for s in self.sliceable]
+        if share_sel is None:
+            if need_equal and len(set(lengths)) > 1:
+                raise ValueError(
+                    "sliceable shared variables %s have different lengths %s; pass batch_s "
+                    "or give them equal lengths" % (self.sliceable, lengths)
+                )
+            return lengths[0]
+        for s, n in zip(self.sliceable, lengths):
+            check_selection_fits(share_sel, n, "sliceable shared variable %s" % s)
+        return selection_length(share_sel)
+
+    def run_local(self, scattered, bcast, share_sel, subset, num_slices):
+        """Run this rank's share of a call.
+
+        Parameters
+        ----------
+        scattered : list of (array, selection or None)
+            Each scattered input with the rows this rank uses.
+        bcast : list of array
+            Broadcast inputs, used whole.
+        share_sel : selection or None
+            ``batch_s`` for this rank.
+        subset : tuple of int
+            Output indices to compute.
+        num_slices : int
+            Slices to compute over, accumulating outputs and updates.
+
+        Returns
+        -------
+        (weight, outputs)
+            ``weight`` is the number of rows used (1 when there is nothing to
+            split); ``outputs`` is a list, or None when the rank had no rows.
+        """
+        n_rows = None
+        if scattered:
+            n_rows = len(scattered[0][0]) if scattered[0][1] is None else selection_length(scattered[0][1])
+        share_len = None
+        if self.sliceable and (share_sel is not None or num_slices > 1 or n_rows is None):
+            share_len = self._share_length(share_sel, need_equal=num_slices > 1)
+            if n_rows is not None and (share_sel is not None or num_slices > 1) and share_len != n_rows:
+                raise ValueError(
+                    "scattered inputs give %d rows on this rank but the sliceable shared "
+                    "variables give %d; their lengths must match" % (n_rows, share_len)
+                )
+        weight = n_rows if n_rows is not None else share_len
+        if weight is None:  # nothing to split: every rank runs the whole function
+            return 1, self.variant(subset, False, None)(*self._fit(bcast))
+        if weight == 0:
+            return 0, None
+        slices = min(num_slices, weight)
+        if slices == 1:
+            kind, share_args = _share_args(share_sel, None)
+            ins = [take_rows(a, sel) for a, sel in scattered] + list(bcast)
+            ins = self._fit(ins) + share_args
+            return weight, self.variant(subset, False, kind)(*ins)
+        return weight, self._run_sliced(scattered, bcast, share_sel, subset, weight, slices)
+
+    def _run_sliced(self, scattered, bcast, share_sel, subset, length, slices):
+        accumulate = bool(self.updates)
+        kind = "index" if isinstance(share_sel, np.ndarray) else "slice"
+        if not self.sliceable:
+            kind = None
+        fn = self.variant(subset, accumulate, kind)
+        out_accs = [Accumulator(self.output_modes[i]) for i in subset]
+        upd_accs = [Accumulator(m) for m in self.update_modes] if accumulate else []
+        for start, stop in split_bounds(length, slices):
+            ins = []
+            for a, sel in scattered:
+                part = slice(start, stop) if sel is None else sub_selection(sel, start, stop)
+                ins.append(take_rows(a, part))
+            ins = self._fit(ins + list(bcast))
+            if kind is not None:
+                ins += _share_args(share_sel, (start, stop))[1]
+            results = fn(*ins)
+            for acc, r in zip(out_accs + upd_accs, results):
+                acc.add(r, stop - start)
+        for (var, _), acc in zip(self.updates if accumulate else (), upd_accs):
+            var.set_value(_combine_slices(acc), borrow=True)
+        return [_combine_slices(acc) for acc in out_accs]
+
+
+def _share_args(share_sel, part):
+    """Extra inputs that select rows of the sliceable shared variables."""
+    if share_sel is None and part is None:
+        return None, []
+    if share_sel is None:
+        sel = slice(*part)
+    elif part is None:
+        sel = share_sel
+    else:
+        sel = sub_selection(share_sel, *part)
+    if isinstance(sel, slice):
+        return "slice", [np.asarray(sel.start, dtype=np.int64), np.asarray(sel.stop, dtype=np.int64)]
+    return "index", [np.ascontiguousarray(sel, dtype=np.int64)]
+
+
+def _combine_slices(acc):
+    """Result of an accumulator over slices; ``None`` mode joins the slices."""
+    result = acc.result()
+    if acc.op is not None:
+        return result
+    if result[0].ndim == 0:
+        return np.stack(result)
+    return np.concatenate(result)

@@ -1,0 +1,340 @@
+"""``synk.Data``: numpy arrays in POSIX shared memory that every rank can read."""
+
+import numbers
+
+import numpy as np
+
+from . import _runtime
+from ._protocol import Command
+from ._shmem import ArrayRef, Segment, segment_name
+
+__all__ = ["Data", "data"]
+
+
+def _check_oversize(oversize):
+    if isinstance(oversize, bool) or not isinstance(oversize, numbers.Real) or not 1 <= oversize <= 2:
+        raise ValueError("oversize must be a number in [1, 2], got %r" % (oversize,))
+    return float(oversize)
+
+
+class Data:
+    """Input data for Synkhronos functions, held in OS shared memory.
+
+    Create with ``synkhronos.data()``.  Behaves like a numpy array for reading and
+    writing (``d[2:4]``, ``d[3] = 0``, ``len(d)``); ``dtype`` and ``ndim`` are fixed
+    like a PyTensor variable's, while the shape may change.  Memory is allocated
+    in an OS shared-memory segment that all worker processes map; a reallocation
+    (a larger value, ``set_shape``, ``free_memory``) reaches them at once.
+
+    Parameters
+    ----------
+    ID : int
+        Identifier within the Synkhronos session.
+    dtype : str or numpy dtype
+    ndim : int
+    minibatch : bool, optional
+        When a function call selects rows with ``batch=``, a minibatch input is
+        indexed by position within the selection (its row k is the k-th selected
+        row) instead of by the selected indices.
+    name : str, optional
+    """
+
+    def __init__(self, ID, dtype, ndim, minibatch=False, name=None):
+        self._rt = _runtime.require()
+        self._ID = ID
+        self._dtype = np.dtype(dtype)
+        self._ndim = int(ndim)
+        self._minibatch = bool(minibatch)
+        self._name = name
+        self._seg = None
+        self._gen = 0
+        self._array = None
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def data(self):
+        """The underlying numpy array (a view of the shared memory), or None
+        before any memory is allocated.  Read and write it in place; change its
+        shape only through ``set_value``/``set_shape``/``set_length``."""
+        return self._array
+
+    @property
+    def dtype(self):
+        """Data type, as a string (``'float32'``), like a PyTensor variable's."""
+        return self._dtype.name
+
+    @property
+    def ndim(self):
+        """Number of dimensions (fixed)."""
+        return self._ndim
+
+    @property
+    def shape(self):
+        """Shape of the underlying array (None before allocation)."""
+        return None if self._array is None else self._array.shape
+
+    @property
+    def size(self):
+        """Number of items in the underlying array."""
+        return 0 if self._array is None else self._array.size
+
+    @property
+    def alloc_size(self):
+        """Number of items the shared-memory allocation can hold (at least
+        ``size``; larger after an ``oversize`` or a shrink)."""
+        return 0 if self._seg is None else self._seg.nbytes // self._dtype.itemsize
+
+    @property
+    def minibatch(self):
+        """Whether this is minibatch data (see class docstring)."""
+        return self._minibatch
+
+    @property
+    def name(self):
+        """Name, possibly None."""
+        return self._name
+
+    # ------------------------------------------------------------ numpy behaviour
+    def _require_array(self):
+        if self._array is None:
+            raise ValueError("Data %r holds no memory yet: call set_value() or set_shape() first" % self)
+        return self._array
+
+    def __getitem__(self, k):
+        return self._require_array()[k]
+
+    def __setitem__(self, k, v):
+        self._require_array()[k] = v
+
+    def __len__(self):
+        if self._array is None:
+            return 0
+        return len(self._array)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self._require_array()
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            return arr.astype(dtype)
+        return arr.copy() if copy else arr
+
+    def __repr__(self):
+        return "<synkhronos.Data %s dtype=%s shape=%s%s>" % (
+            repr(self._name) if self._name else "#%d" % self._ID, self.dtype, self.shape,
+            " minibatch" if self._minibatch else "")
+
+    # -------------------------------------------------------------------- values
+    def condition_data(self, input_data, force_cast=False):
+        """The numpy array that ``set_value(input_data)`` would store.
+
+        Parameters
+        ----------
+        input_data : array_like
+        force_cast : bool, optional
+            Convert to this object's dtype whatever the input's dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+
+        Raises
+        ------
+        TypeError
+            If the dimensions differ, or the dtype would lose information and
+            ``force_cast`` is False.
+        """
+        if isinstance(input_data, Data):
+            input_data = input_data._require_array()
+        arr = np.asarray(input_data)
+        if arr.dtype != self._dtype:
+            rule = "safe" if isinstance(input_data, np.ndarray) else "same_kind"
+            if not (force_cast or np.can_cast(arr.dtype, self._dtype, rule)):
+                raise TypeError(
+                    "cannot store %s data in Data of dtype %s without loss; pass "
+                    "force_cast=True to convert anyway" % (arr.dtype, self.dtype)
+                )
+            arr = arr.astype(self._dtype)
+        if arr.ndim != self._ndim:
+            raise TypeError("Data has ndim=%d, got a value with ndim=%d (shape %s)"
+                            % (self._ndim, arr.ndim, arr.shape))
+        return arr
+
+    def set_value(self, input_data, force_cast=False, oversize=1):
+        """(Over)write the values; change the shape and reallocate if needed.
+
+        Parameters
+        ----------
+        input_data : array_like
+            New values; the array keeps exactly their shape.
+        force_cast : bool, optional
+            Convert to this object's dtype without error.
+        oversize : float in [1, 2], optional
+            When reallocating, allocate this factor more than needed.
+
+        Raises
+        ------
+        TypeError
+            See ``condition_data``.
+        ValueError
+            If ``oversize`` is outside [1, 2].
+        """
+        oversize = _check_oversize(oversize)
+        arr = self.condition_data(input_data, force_cast)
+        self._reshape(arr.shape, oversize, keep=False)
+        self._array[...] = arr
+
+    def set_length(self, length, oversize=1):
+        """Change the length (axis 0), keeping the other dimensions.
+
+        Rows that fit in both the old and the new length keep their values; new
+        rows are uninitialised.  Reallocates only if the allocation is too small.
+        """
+        if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 0:
+            raise ValueError("length must be a non-negative int, got %r" % (length,))
+        if self._ndim == 0:
+            raise TypeError("a 0-d Data has no length")
+        tail = self.shape[1:] if self._array is not None else (0,) * (self._ndim - 1)
+        self.set_shape((int(length),) + tuple(tail), oversize)
+
+    def set_shape(self, shape, oversize=1):
+        """Change the shape (same ndim).  Values are kept only in the sense of
+        ``set_length``; reallocates only if the allocation is too small."""
+        oversize = _check_oversize(oversize)
+        if not isinstance(shape, (list, tuple)) or not all(
+                isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 0 for s in shape):
+            raise TypeError("shape must be a list or tuple of non-negative ints, got %r" % (shape,))
+        if len(shape) != self._ndim:
+            raise TypeError("Data has ndim=%d, got shape %r" % (self._ndim, tuple(shape)))
+        self._reshape(tuple(int(s) for s in shape), oversize, keep=True)
+
+    def free_memory(self):
+        """Release the shared memory in the master and the workers; the next
+        ``set_value`` allocates anew (the only way to shrink an allocation)."""
+        if self._seg is None:
+            return
+        name = self._seg.name
+        self._release()
+        if not self._rt.closed:
+            self._rt.request(Command.DROP_DATA, name)
+
+    # ------------------------------------------------------------------ internal
+    def _reshape(self, shape, oversize, keep):
+        items = int(np.prod(shape, dtype=np.int64))
+        old = self._array
+        if self._seg is None or items > self.alloc_size:
+            self._allocate(max(int(items * oversize), items), old if keep else None)
+        self._array = self._seg.array(self._dtype, shape)
+
+    def _allocate(self, items, old):
+        rt = self._rt
+        if rt.closed:
+            raise RuntimeError("Synkhronos is closed: Data memory cannot be allocated")
+        self._gen += 1
+        seg = Segment(segment_name(rt.token, "d%d" % self._ID, self._gen), items * self._dtype.itemsize)
+        if old is not None and old.size:
+            flat = seg.array(self._dtype, (items,))
+            n = min(old.size, items)
+            flat[:n] = old.reshape(-1)[:n]
+        prev, self._seg, self._array = self._seg, seg, None
+        if prev is not None:
+            prev.unlink()
+            prev.close()
+        rt.request(Command.MAP_DATA, seg.name)
+
+    def _release(self):
+        """Drop this process's memory (no message to workers)."""
+        self._array = None
+        if self._seg is not None:
+            self._seg.unlink()
+            self._seg.close()
+            self._seg = None
+
+    def _ref(self):
+        """``ArrayRef`` to the current array, for the workers."""
+        self._require_array()
+        return ArrayRef(self._seg.name, 0, self._dtype, self._array.shape)
+
+    def __del__(self):
+        try:
+            if self._seg is not None and not self._rt.closed:
+                self._release()
+        except Exception:
+            pass
+
+
+def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=False,
+         force_cast=False, oversize=1, name=None):
+    """Create a ``Data`` object for function inputs.
+
+    Like a PyTensor variable, a Data object has a fixed ``dtype`` and ``ndim``,
+    taken from ``var``, from ``value``, or from ``dtype`` with ``ndim`` (or
+    ``shape``).  Giving ``value`` or ``shape`` allocates memory at once.
+
+    Parameters
+    ----------
+    value : array_like, optional
+        Values to store.
+    var : pytensor Variable, optional
+        Variable whose ``dtype`` and ``ndim`` to use.
+    dtype : str or numpy dtype, optional
+    ndim : int, optional
+    shape : tuple of int, optional
+        Shape to allocate (ignored when ``value`` is given).
+    minibatch : bool, optional
+        See ``Data``.
+    force_cast : bool, optional
+        Convert ``value`` to the dtype without error.
+    oversize : float in [1, 2], optional
+        Allocate this factor more memory than needed.
+    name : str, optional
+        Default: ``var.name``.
+
+    Returns
+    -------
+    Data
+
+    Raises
+    ------
+    RuntimeError
+        If Synkhronos is not forked.
+    TypeError
+        If dtype and ndim cannot be determined, or ``value`` does not match them.
+    """
+    rt = _runtime.require()
+    if var is not None:
+        if not (hasattr(var, "dtype") and hasattr(var, "ndim")):
+            raise TypeError("var must be a PyTensor tensor variable, got %r" % (var,))
+        if dtype is not None and np.dtype(dtype) != np.dtype(var.dtype):
+            raise TypeError("dtype %r conflicts with var.dtype %r" % (dtype, var.dtype))
+        if ndim is not None and ndim != var.ndim:
+            raise TypeError("ndim %r conflicts with var.ndim %r" % (ndim, var.ndim))
+        dtype, ndim = var.dtype, var.ndim
+        name = var.name if name is None else name
+    if value is not None:
+        arr = value.data if isinstance(value, Data) else np.asarray(value)
+        dtype = arr.dtype if dtype is None else dtype
+        ndim = arr.ndim if ndim is None else ndim
+    if ndim is None and shape is not None:
+        if not isinstance(shape, (list, tuple)):
+            raise TypeError("shape must be a list or tuple of ints, got %r" % (shape,))
+        ndim = len(shape)
+    if dtype is None or ndim is None:
+        raise TypeError(
+            "incomplete specification: give value, var, or dtype together with ndim or "
+            "shape (got dtype=%r, ndim=%r)" % (dtype, ndim)
+        )
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError("dtype %r is not a numpy dtype" % (dtype,)) from None
+    if isinstance(ndim, bool) or not isinstance(ndim, numbers.Integral) or ndim < 0:
+        raise TypeError("ndim must be a non-negative int, got %r" % (ndim,))
+    _check_oversize(oversize)
+    ID = rt.next_data_id
+    rt.next_data_id += 1
+    d = Data(ID, dtype, ndim, minibatch=minibatch, name=name)
+    rt.datas[ID] = d
+    if value is not None:
+        d.set_value(value, force_cast=force_cast, oversize=oversize)
+    elif shape is not None:
+        d.set_shape(shape, oversize=oversize)
+    return d

@@ -1,0 +1,43 @@
+"""CPU workers: one process per core group, BLAS threads split between them."""
+
+import os
+
+import numpy as np
+
+__all__ = ["CpuDevice", "usable_cores"]
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def usable_cores():
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class CpuDevice:
+    """Device layer for CPU worker processes."""
+
+    name = "cpu"
+    label = "CPU cores"
+
+    def available(self):
+        return usable_cores()
+
+    def worker_env(self, rank, n_parallel):
+        """Environment of worker ``rank``: its share of the BLAS threads,
+        unless the user already fixed them."""
+        threads = str(max(1, usable_cores() // n_parallel))
+        return {v: os.environ.get(v, threads) for v in _THREAD_VARS}
+
+    def get_value(self, var):
+        """The value of shared variable ``var`` on this rank, as numpy."""
+        return np.asarray(var.get_value(borrow=True))
+
+    def set_value(self, var, value):
+        """Overwrite shared variable ``var`` on this rank with a private copy of
+        ``value`` (which may be a view of memory another rank will reuse)."""
+        var.set_value(np.array(value, dtype=var.dtype, copy=True), borrow=True)

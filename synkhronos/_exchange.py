@@ -1,0 +1,93 @@
+"""Moving arrays between ranks: small ones inline on the command channel, large
+ones through each rank's own growable shared-memory buffer.
+
+A rank that sends arrays writes them into its buffer and passes ``ArrayRef``
+tokens; the receiver reads them in place.  A buffer is only rewritten by its
+owner's next send, which under the master's lock-step protocol (every action is
+one round trip) happens after the receiver has finished reading.
+"""
+
+import numpy as np
+
+from ._shmem import ArrayRef, Segment, segment_name
+
+__all__ = ["ExchangeBuffer", "INLINE_BYTES", "receive"]
+
+# Below this size pickling through the socket beats a shared-memory round trip.
+INLINE_BYTES = 1 << 16
+_ALIGN = 64
+
+
+def _aligned(n):
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class ExchangeBuffer:
+    """The exchange buffer owned by one rank.
+
+    Parameters
+    ----------
+    token : str
+        Session token (names the segments).
+    rank : int
+        Owner's rank.
+    """
+
+    def __init__(self, token, rank):
+        self._token = token
+        self._slot = "r%d" % rank
+        self._gen = 0
+        self._seg = None
+
+    def _reserve(self, nbytes):
+        if self._seg is not None and self._seg.nbytes >= nbytes:
+            return self._seg
+        old = self._seg
+        self._gen += 1
+        # Grow geometrically so that a slowly growing payload reallocates rarely.
+        size = max(nbytes, 2 * (old.nbytes if old else 0), 1 << 20)
+        self._seg = Segment(segment_name(self._token, self._slot, self._gen), size)
+        if old is not None:
+            old.unlink()
+            old.close()
+        return self._seg
+
+    def send(self, arrays, inline_bytes=INLINE_BYTES):
+        """Package ``arrays`` (a list) for another rank: small ones stay as they
+        are, large ones are copied into this buffer and replaced by ``ArrayRef``."""
+        arrays = [np.asarray(a) for a in arrays]
+        big = [i for i, a in enumerate(arrays) if a.nbytes >= inline_bytes]
+        if not big:
+            return arrays
+        total = sum(_aligned(arrays[i].nbytes) for i in big)
+        seg = self._reserve(total)
+        tokens = list(arrays)
+        offset = 0
+        for i in big:
+            a = arrays[i]
+            seg.array(a.dtype, a.shape, offset)[...] = a
+            tokens[i] = ArrayRef(seg.name, offset, a.dtype, a.shape)
+            offset += _aligned(a.nbytes)
+        return tokens
+
+    def close(self):
+        if self._seg is not None:
+            self._seg.unlink()
+            self._seg.close()
+            self._seg = None
+
+
+def receive(tokens, cache, copy=False):
+    """Turn tokens from ``ExchangeBuffer.send`` back into arrays.
+
+    With ``copy=False`` arrays that came through shared memory are views that are
+    only valid until the sender's next send.
+    """
+    out = []
+    for t in tokens:
+        if isinstance(t, ArrayRef):
+            v = cache.view(t)
+            out.append(v.copy() if copy else v)
+        else:
+            out.append(t)
+    return out

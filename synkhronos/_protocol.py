@@ -1,0 +1,35 @@
+"""The command channel between the master and each worker.
+
+Every action is one round trip: the master sends ``(Command, payload)`` to the
+workers it needs, does its own share, then reads one reply from each.  A reply is
+``(True, result)`` or ``(False, (exception type name, message, traceback))``.
+Because the master always reads every reply it asked for, the channel never gets
+out of step, and the round trip is the barrier that guards each action.
+"""
+
+import enum
+import traceback
+
+__all__ = ["Command", "ok", "failure"]
+
+
+class Command(enum.IntEnum):
+    """What a worker is asked to do."""
+
+    EXIT = 0
+    DISTRIBUTE = 1  # unpickle all functions and shared variables
+    CALL = 2  # run a function on this rank's share
+    MAP_DATA = 3  # map (or re-map) a Data object's segment
+    DROP_DATA = 4  # forget a Data object's segment
+    SEND_SHAREDS = 5  # return values of shared variables
+    SET_SHAREDS = 6  # overwrite values of shared variables
+    GET_SHAPES = 7  # return shapes of shared variables
+
+
+def ok(result=None):
+    return True, result
+
+
+def failure(exc):
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return False, (type(exc).__name__, str(exc), tb)

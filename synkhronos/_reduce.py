@@ -1,0 +1,90 @@
+"""Reduce operations for function outputs, updates and collectives.
+
+``avg`` is weighted: each contribution carries the number of rows it was computed
+from, so averaging per-rank (or per-slice) means of uneven parts gives exactly the
+mean over all rows, as one process would compute it.  Collectives average the
+ranks' values with equal weights.
+"""
+
+import numpy as np
+
+__all__ = ["REDUCE_OPS", "check_op", "Accumulator", "reduce_values"]
+
+REDUCE_OPS = ("avg", "sum", "prod", "max", "min", None)
+
+_BINARY = {
+    "sum": np.add,
+    "prod": np.multiply,
+    "max": np.maximum,
+    "min": np.minimum,
+}
+
+
+def check_op(op, argname="op", allow_none=True):
+    """Raise ValueError unless ``op`` is a known reduce operation."""
+    allowed = REDUCE_OPS if allow_none else REDUCE_OPS[:-1]
+    if op not in allowed or isinstance(op, bool):
+        raise ValueError(
+            "%s must be one of %s, got %r" % (argname, ", ".join(repr(o) for o in allowed), op)
+        )
+    return op
+
+
+class Accumulator:
+    """Combines values one at a time under a reduce operation.
+
+    For ``op=None`` the values are kept in a list (``result()`` returns it).
+    """
+
+    def __init__(self, op):
+        self.op = op
+        self._acc = None
+        self._weight = 0.0
+        self._items = []
+
+    def add(self, value, weight=1):
+        if self.op is None:
+            self._items.append(value)
+            return
+        value = np.asarray(value)
+        if self.op == "avg":
+            term = value * weight if weight != 1 else value.copy()
+            self._acc = term if self._acc is None else np.add(self._acc, term, out=_writable(self._acc, term))
+            self._weight += weight
+        elif self._acc is None:
+            self._acc = value.copy()
+        else:
+            self._acc = _BINARY[self.op](self._acc, value, out=_writable(self._acc, value))
+
+    @property
+    def empty(self):
+        return self._acc is None and not self._items
+
+    def result(self):
+        if self.op is None:
+            return self._items
+        if self._acc is None:
+            return None
+        if self.op == "avg":
+            dtype = self._acc.dtype
+            out = self._acc / self._weight
+            if dtype.kind in "fc":
+                out = out.astype(dtype, copy=False)
+            return np.asarray(out)
+        return np.asarray(self._acc)
+
+
+def _writable(acc, value):
+    # Accumulate in place when the shapes and dtypes allow it.
+    if acc.shape == np.broadcast_shapes(acc.shape, np.shape(value)) and acc.flags.writeable and acc.ndim:
+        if np.result_type(acc, value) == acc.dtype:
+            return acc
+    return None
+
+
+def reduce_values(values, op, weights=None):
+    """Reduce a list of arrays under ``op`` (``weights`` only matter for avg)."""
+    acc = Accumulator(op)
+    for i, v in enumerate(values):
+        acc.add(v, 1 if weights is None else weights[i])
+    return acc.result()

@@ -1,0 +1,303 @@
+"""The master's runtime: one object, created by ``fork()`` and cleared by
+``close()``, that owns the worker processes, the command channels, the shared
+memory and the registry of functions, shared variables and Data objects.
+"""
+
+import atexit
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from multiprocessing.connection import Connection
+
+from . import _shmem
+from ._devices import cpu
+from ._exchange import ExchangeBuffer
+from ._protocol import Command
+from .exceptions import WorkerError
+
+__all__ = ["Runtime", "current", "require", "start", "shutdown", "default_device"]
+
+_READY_TIMEOUT = 300.0  # seconds for a worker to start (imports numpy, posix_ipc)
+_EXIT_TIMEOUT = 5.0
+
+_runtime = None
+
+
+def current():
+    """The live runtime, or None."""
+    return _runtime
+
+
+def require(distributed=None):
+    """The live runtime; raise RuntimeError if it is not in the needed state.
+
+    Parameters
+    ----------
+    distributed : bool or None
+        True: ``distribute()`` must have run; False: it must not have; None: either.
+    """
+    rt = _runtime
+    if rt is None:
+        raise RuntimeError("Synkhronos is not forked: call synkhronos.fork() first")
+    if distributed is True and not rt.distributed:
+        raise RuntimeError("Synkhronos functions are not distributed: call synkhronos.distribute() first")
+    if distributed is False and rt.distributed:
+        raise RuntimeError(
+            "Synkhronos is already distributed: build every function before calling "
+            "synkhronos.distribute() (it can be called once per fork())"
+        )
+    return rt
+
+
+def start(n_parallel, master_rank, device, profile_workers):
+    global _runtime
+    rt = Runtime(n_parallel, master_rank, device, profile_workers)
+    _runtime = rt
+    try:
+        rt.spawn()
+    except BaseException:
+        shutdown()
+        raise
+    return rt
+
+
+def shutdown():
+    """Close the live runtime, if any (idempotent)."""
+    global _runtime
+    rt, _runtime = _runtime, None
+    if rt is not None:
+        rt.close()
+
+
+atexit.register(shutdown)
+
+
+def _pytensor_flags():
+    """Flags of the master's PyTensor config that workers must share."""
+    if "pytensor" not in sys.modules:
+        return {}
+    import pytensor
+
+    names = ("floatX", "mode", "linker", "optimizer", "base_compiledir", "compiledir",
+             "optimizer_excluding", "optimizer_including", "optimizer_requiring",
+             "allow_gc", "cast_policy", "on_opt_error", "warn_float64")
+    flags = {}
+    for name in names:
+        param = pytensor.config._config_var_dict.get(name)
+        if param is None:
+            continue
+        value = getattr(pytensor.config, name)
+        if value != param.default:
+            flags[name] = str(value)
+    return flags
+
+
+class _Worker:
+    """Master's handle on one worker process."""
+
+    def __init__(self, rank, process, conn):
+        self.rank = rank
+        self.process = process
+        self.conn = conn
+
+
+class Runtime:
+    """All state of a forked Synkhronos session (see module docstring)."""
+
+    def __init__(self, n_parallel, master_rank, device, profile_workers):
+        self.n_parallel = n_parallel
+        self.master_rank = master_rank
+        self.device = device
+        self.profile_workers = profile_workers
+        self.token = _shmem.new_token()
+        self.exchange = ExchangeBuffer(self.token, master_rank)
+        self.cache = _shmem.SegmentCache()
+        self.workers = {}
+        self.functions = []
+        self.shareds = []
+        self.datas = weakref.WeakValueDictionary()  # ID -> live Data
+        self.next_data_id = 0
+        self.distributed = False
+        self.closed = False
+
+    @property
+    def worker_ranks(self):
+        return [r for r in range(self.n_parallel) if r != self.master_rank]
+
+    # ----------------------------------------------------------------- processes
+    def spawn(self):
+        flags = _pytensor_flags()
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = [pkg_parent] + [p for p in sys.path if p]
+        for rank in self.worker_ranks:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            env = dict(os.environ)
+            env.update(self.device.worker_env(rank, self.n_parallel))
+            env["SYNK_WORKER"] = json.dumps(dict(
+                rank=rank, fd=theirs.fileno(), token=self.token, n_parallel=self.n_parallel,
+                master_rank=self.master_rank, device=self.device.name,
+                profile=bool(self.profile_workers), sys_path=path, flags=flags,
+            ))
+            if flags:
+                extra = ",".join("%s=%s" % kv for kv in flags.items())
+                env["PYTENSOR_FLAGS"] = ",".join(f for f in (env.get("PYTENSOR_FLAGS"), extra) if f)
+            bootstrap = ("import json, os, sys; sys.path[:0] = json.loads(os.environ['SYNK_WORKER'])"
+                         "['sys_path']; from synkhronos._worker import main; main()")
+            try:
+                proc = subprocess.Popen([sys.executable, "-c", bootstrap], env=env,
+                                        pass_fds=(theirs.fileno(),), close_fds=True)
+            finally:
+                theirs.close()
+            self.workers[rank] = _Worker(rank, proc, Connection(ours.detach()))
+        deadline = time.monotonic() + _READY_TIMEOUT
+        for w in self.workers.values():
+            self._await_ready(w, deadline)
+
+    def _await_ready(self, w, deadline):
+        while True:
+            if w.conn.poll(0.05):
+                try:
+                    w.conn.recv()
+                    return
+                except (EOFError, OSError):
+                    break
+            if w.process.poll() is not None or time.monotonic() > deadline:
+                break
+        code = w.process.poll()
+        raise RuntimeError(
+            "Synkhronos worker rank %d failed to start (exit code %s); see its output above"
+            % (w.rank, code)
+        )
+
+    # ------------------------------------------------------------------ requests
+    def request(self, cmd, payload=None, ranks=None, local=None):
+        """One round trip: send ``cmd`` to workers, run ``local()`` here, collect.
+
+        Parameters
+        ----------
+        cmd : Command
+        payload : object or dict
+            One payload for all, or a dict rank -> payload (``ranks`` defaults
+            to its keys then).
+        ranks : list of int, optional
+            Worker ranks to ask (default: all workers).
+        local : callable, optional
+            The master's own share, run while the workers work.
+
+        Returns
+        -------
+        (local_result, replies)
+            ``replies`` maps rank -> result.
+
+        Raises
+        ------
+        WorkerError
+            If a worker raised (the lowest such rank is reported) or died.
+        """
+        if self.closed:
+            raise RuntimeError("Synkhronos is closed: call synkhronos.fork() to start again")
+        per_rank = isinstance(payload, dict)
+        if ranks is None:
+            ranks = sorted(payload) if per_rank else self.worker_ranks
+        sent = []
+        dead = None
+        for r in ranks:
+            try:
+                self.workers[r].conn.send((cmd, payload[r] if per_rank else payload))
+                sent.append(r)
+            except OSError:
+                dead = dead or r
+        local_result, local_exc = None, None
+        if local is not None:
+            try:
+                local_result = local()
+            except BaseException as exc:  # re-raised once the workers have answered
+                local_exc = exc
+        replies, failures = {}, []
+        for r in sent:
+            try:
+                okay, result = self.workers[r].conn.recv()
+            except (EOFError, OSError):
+                dead = r if dead is None else min(dead, r)
+                continue
+            if okay:
+                replies[r] = result
+            else:
+                failures.append((r, result))
+        if dead is not None:
+            code = self.workers[dead].process.poll()
+            self._fail_closed()
+            raise WorkerError(dead, "WorkerDied", "worker process exited unexpectedly (exit code %s); "
+                              "Synkhronos has been closed" % code)
+        if local_exc is not None:
+            raise local_exc
+        if failures:
+            rank, (exc_type, message, tb) = min(failures, key=lambda f: f[0])
+            raise WorkerError(rank, exc_type, message, tb)
+        return local_result, replies
+
+    def _fail_closed(self):
+        global _runtime
+        if _runtime is self:
+            _runtime = None
+        self.close()
+
+    # ----------------------------------------------------------------- lifecycle
+    def distribute(self):
+        payload = pickle.dumps((self.functions_cores(), self.shareds), protocol=pickle.HIGHEST_PROTOCOL)
+        self.request(Command.DISTRIBUTE, (_pytensor_flags(), payload))
+        self.distributed = True
+
+    def functions_cores(self):
+        return [f._core for f in self.functions]
+
+    def shared_id(self, var):
+        for i, s in enumerate(self.shareds):
+            if s is var:
+                return i
+        return None
+
+    def register_shareds(self, variables):
+        for v in variables:
+            if self.shared_id(v) is None:
+                self.shareds.append(v)
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        for w in self.workers.values():
+            try:
+                w.conn.send((Command.EXIT, None))
+            except OSError:
+                pass
+        deadline = time.monotonic() + _EXIT_TIMEOUT
+        for w in self.workers.values():
+            try:
+                w.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.process.kill()
+                w.process.wait()
+            w.conn.close()
+        for data in list(self.datas.values()):
+            data._release()
+        self.datas.clear()
+        self.exchange.close()
+        self.cache.clear()
+        _shmem.unlink_session(self.token)
+
+
+def default_device(use_gpu):
+    """The device layer for ``use_gpu`` (None: GPUs if present, else CPU)."""
+    if use_gpu:
+        raise RuntimeError(
+            "GPU workers are not available in this version of Synkhronos; "
+            "use synkhronos.fork(use_gpu=False) for CPU workers"
+        )
+    return cpu.CpuDevice()
+

@@ -1,0 +1,161 @@
+"""POSIX shared-memory segments and the arrays that live in them.
+
+Every segment of one Synkhronos session is named ``/synk_<token>_<slot>_<gen>``:
+``token`` identifies the session, ``slot`` the owner of the memory (``d7`` for the
+``Data`` object with ID 7, ``r1`` for the exchange buffer of rank 1) and ``gen``
+counts reallocations of that slot.  Readers keep one mapping per slot and drop the
+old one when a newer generation shows up, so a reallocation never leaves stale
+mappings behind.  Because all names share the session prefix, ``unlink_session``
+can remove every segment of a session, even ones whose owner died.
+"""
+
+import mmap
+import os
+import secrets
+
+import numpy as np
+import posix_ipc
+
+__all__ = [
+    "Segment",
+    "SegmentCache",
+    "ArrayRef",
+    "new_token",
+    "segment_name",
+    "unlink_session",
+]
+
+_SHM_DIR = "/dev/shm"
+_PREFIX = "synk_"
+
+
+def new_token():
+    """Return a fresh session token, unique among live sessions of this host."""
+    return "%d%s" % (os.getpid(), secrets.token_hex(3))
+
+
+def segment_name(token, slot, gen):
+    """Name of generation ``gen`` of ``slot`` in session ``token``."""
+    return "/%s%s_%s_%d" % (_PREFIX, token, slot, gen)
+
+
+def _slot_of(name):
+    # "/synk_<token>_<slot>_<gen>" -> "<token>_<slot>"
+    return name.rsplit("_", 1)[0]
+
+
+class Segment:
+    """One mapped POSIX shared-memory segment.
+
+    Parameters
+    ----------
+    name : str
+        Segment name, starting with ``/``.
+    nbytes : int or None
+        Size to create; ``None`` attaches to an existing segment.
+    """
+
+    def __init__(self, name, nbytes=None):
+        self.name = name
+        if nbytes is None:
+            shm = posix_ipc.SharedMemory(name)
+        else:
+            # mmap cannot map zero bytes: keep at least one page behind every name.
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=max(int(nbytes), 1))
+        try:
+            self.nbytes = shm.size
+            self.mmap = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+
+    def array(self, dtype, shape, offset=0):
+        """A numpy view of the segment's memory."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(self.mmap, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def close(self):
+        """Unmap; views still alive keep the memory until they are collected."""
+        try:
+            self.mmap.close()
+        except BufferError:
+            pass  # a numpy view is still exported; the map goes with the last view
+
+    def unlink(self):
+        """Remove the name (the memory lives on while anything maps it)."""
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+        except posix_ipc.ExistentialError:
+            pass
+
+
+class ArrayRef(tuple):
+    """Where an array lives: ``(segment name, byte offset, dtype str, shape)``.
+
+    A tuple so that it pickles small and fast on the command channel.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, name, offset, dtype, shape):
+        return tuple.__new__(cls, (name, int(offset), np.dtype(dtype).str, tuple(shape)))
+
+    def __getnewargs__(self):
+        return tuple(self)
+
+    @property
+    def name(self):
+        return self[0]
+
+
+class SegmentCache:
+    """Mappings of segments owned by other processes, one per slot."""
+
+    def __init__(self):
+        self._by_slot = {}
+
+    def segment(self, name):
+        """The mapped segment ``name``, mapping it (and dropping its slot's older
+        generation) if needed."""
+        slot = _slot_of(name)
+        seg = self._by_slot.get(slot)
+        if seg is None or seg.name != name:
+            if seg is not None:
+                seg.close()
+            seg = Segment(name)
+            self._by_slot[slot] = seg
+        return seg
+
+    def view(self, ref):
+        """A numpy view of the array that ``ref`` (an ``ArrayRef``) points to."""
+        name, offset, dtype, shape = ref
+        return self.segment(name).array(dtype, shape, offset)
+
+    def drop(self, name):
+        """Forget the mapping of the slot that ``name`` belongs to."""
+        seg = self._by_slot.pop(_slot_of(name), None)
+        if seg is not None:
+            seg.close()
+
+    def clear(self):
+        for seg in self._by_slot.values():
+            seg.close()
+        self._by_slot.clear()
+
+
+def unlink_session(token):
+    """Unlink every segment of session ``token``; returns how many were removed."""
+    prefix = "%s%s_" % (_PREFIX, token)
+    removed = 0
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:  # no /dev/shm to scan (not Linux): owners unlink their own
+        return 0
+    for entry in names:
+        if entry.startswith(prefix):
+            try:
+                posix_ipc.unlink_shared_memory("/" + entry)
+                removed += 1
+            except posix_ipc.ExistentialError:
+                pass
+    return removed

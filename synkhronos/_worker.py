@@ -1,0 +1,159 @@
+"""Worker process: waits for the master's commands and carries them out.
+
+Started by the master as a fresh interpreter (not with ``multiprocessing``, so the
+user's main script is never re-imported).  Its configuration arrives in the
+``SYNK_WORKER`` environment variable; the command channel is an inherited socket.
+"""
+
+import json
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+
+from . import _shmem
+from ._exchange import ExchangeBuffer, receive
+from ._plan import take_rows
+from ._protocol import Command, failure, ok
+
+__all__ = ["main"]
+
+
+class _WorkerState:
+    def __init__(self, config):
+        from ._devices import cpu
+
+        self.rank = config["rank"]
+        self.token = config["token"]
+        self.device = cpu.CpuDevice()
+        self.exchange = ExchangeBuffer(self.token, self.rank)
+        self.cache = _shmem.SegmentCache()
+        self.cores = None
+        self.shareds = None
+        # Import PyTensor while the master is still building graphs.
+        self._importer = threading.Thread(target=_import_pytensor, daemon=True)
+        self._importer.start()
+
+    def shared(self, ID):
+        if self.shareds is None:
+            raise RuntimeError("functions have not been distributed to this worker")
+        return self.shareds[ID]
+
+    def close(self):
+        self.exchange.close()
+        self.cache.clear()
+
+
+def _import_pytensor():
+    try:
+        import pytensor  # noqa: F401
+    except Exception:  # reported when DISTRIBUTE imports it again
+        pass
+
+
+def _distribute(state, payload):
+    flags, blob = payload
+    state._importer.join()
+    import pytensor
+
+    for name, value in flags.items():
+        if str(getattr(pytensor.config, name)) != value:
+            setattr(pytensor.config, name, value)
+    state.cores, state.shareds = pickle.loads(blob)
+
+
+def _call(state, payload):
+    fn_id, scattered, bcast, share_sel, subset, num_slices = payload
+    view = state.cache.view
+    weight, outputs = state.cores[fn_id].run_local(
+        [(view(ref), sel) for ref, sel in scattered],
+        [view(ref) for ref in bcast],
+        share_sel, subset, num_slices,
+    )
+    return weight, None if outputs is None else state.exchange.send(outputs)
+
+
+def _map_data(state, name):
+    state.cache.segment(name)
+
+
+def _drop_data(state, name):
+    state.cache.drop(name)
+
+
+def _send_shareds(state, ids):
+    return state.exchange.send([state.device.get_value(state.shared(i)) for i in ids])
+
+
+def _set_shareds(state, items):
+    for ID, token, sel in items:
+        (value,) = receive([token], state.cache)
+        state.device.set_value(state.shared(ID), take_rows(value, sel))
+
+
+def _get_shapes(state, ids):
+    return [tuple(state.device.get_value(state.shared(i)).shape) for i in ids]
+
+
+_HANDLERS = {
+    Command.DISTRIBUTE: _distribute,
+    Command.CALL: _call,
+    Command.MAP_DATA: _map_data,
+    Command.DROP_DATA: _drop_data,
+    Command.SEND_SHAREDS: _send_shareds,
+    Command.SET_SHAREDS: _set_shareds,
+    Command.GET_SHAPES: _get_shapes,
+}
+
+
+def _serve(conn, state):
+    """Answer commands until EXIT; returns False if the master vanished."""
+    while True:
+        try:
+            cmd, payload = conn.recv()
+        except (EOFError, OSError):
+            return False
+        if cmd == Command.EXIT:
+            return True
+        try:
+            reply = ok(_HANDLERS[cmd](state, payload))
+        except Exception as exc:
+            reply = failure(exc)
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return False
+
+
+def main():
+    # Ctrl-C reaches the whole process group; only the master handles it and
+    # then closes the workers in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from multiprocessing.connection import Connection
+
+    config = json.loads(os.environ.pop("SYNK_WORKER"))
+    conn = Connection(config["fd"])
+    state = _WorkerState(config)
+    profiler = None
+    if config["profile"]:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    conn.send(ok(os.getpid()))
+    orderly = False
+    try:
+        orderly = _serve(conn, state)
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            path = os.path.join(tempfile.gettempdir(), "synkhronos_worker_%d_%d.prof" % (state.rank, os.getpid()))
+            profiler.dump_stats(path)
+            print("Synkhronos worker rank %d profile written to %s" % (state.rank, path), file=sys.stderr)
+        state.close()
+        if not orderly:
+            # The master died without closing: nobody else will clean up.
+            _shmem.unlink_session(state.token)
+        conn.close()

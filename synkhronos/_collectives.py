@@ -15,7 +15,14 @@ import numpy as np
 from . import _runtime
 from ._data import Data
 from ._exchange import receive
-from ._plan import check_selection_fits, normalize_batch, selection_length, split_bounds, sub_selection, take_rows
+from ._plan import (
+    check_selection_fits,
+    normalize_batch,
+    selection_length,
+    split_bounds,
+    sub_selection,
+    take_rows,
+)
 from ._protocol import Command
 from ._reduce import check_op, reduce_values
 
@@ -73,7 +80,7 @@ def _values_for(values, variables, argname="values"):
             continue
         arr = np.asarray(v)
         if arr.dtype != var.dtype:
-            arr = np.asarray(var.type.filter(arr))  # PyTensor's own casting rules
+            arr = np.asarray(var.type.filter(v))  # PyTensor's own casting rules
         if arr.ndim != var.ndim:
             raise TypeError("%s: value of ndim %d does not fit %s (ndim %d)"
                             % (argname, arr.ndim, var, var.ndim))

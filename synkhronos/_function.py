@@ -94,7 +94,9 @@ def _parse_givens(givens):
         return []
     if isinstance(givens, dict):
         return list(givens.items())
-    if isinstance(givens, (list, tuple)) and all(isinstance(g, (list, tuple)) and len(g) == 2 for g in givens):
+    pairs = isinstance(givens, (list, tuple)) and all(isinstance(g, (list, tuple)) and len(g) == 2
+                                                      for g in givens)
+    if pairs:
         return [tuple(g) for g in givens]
     raise TypeError("givens must be a dict or a list of (variable, replacement) pairs, got %r" % (givens,))
 

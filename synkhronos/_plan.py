@@ -118,7 +118,7 @@ def normalize_batch_s(batch_s, n_ranks):
                 "batch_s given per rank must have one entry for each of the %d ranks, got %d"
                 % (n_ranks, len(batch_s))
             )
-        kinds = {type(b) if not isinstance(b, (list, tuple)) else list for b in batch_s}
+        kinds = {isinstance(b, slice) for b in batch_s}  # slices, or index lists/arrays
         if len(kinds) > 1:
             raise TypeError("batch_s entries must all be of one type, got %r" % batch_s)
         out = []

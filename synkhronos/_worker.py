@@ -149,7 +149,8 @@ def main():
     finally:
         if profiler is not None:
             profiler.disable()
-            path = os.path.join(tempfile.gettempdir(), "synkhronos_worker_%d_%d.prof" % (state.rank, os.getpid()))
+            name = "synkhronos_worker_%d_%d.prof" % (state.rank, os.getpid())
+            path = os.path.join(tempfile.gettempdir(), name)
             profiler.dump_stats(path)
             print("Synkhronos worker rank %d profile written to %s" % (state.rank, path), file=sys.stderr)
         state.close()

@@ -1,0 +1,63 @@
+"""The public surface: names, docstrings, status lines, lifecycle."""
+
+import importlib
+import pkgutil
+
+import pytest
+
+import synkhronos as synk
+
+
+def test_every_public_name_has_a_docstring():
+    for name in synk.__all__:
+        obj = getattr(synk, name)
+        assert obj.__doc__ and obj.__doc__.strip(), name
+        if not isinstance(obj, type):
+            continue
+        for attr, member in vars(obj).items():
+            if not attr.startswith("_") and (callable(member) or isinstance(member, property)):
+                assert member.__doc__, "%s.%s" % (name, attr)
+
+
+def test_every_module_declares_all():
+    for info in pkgutil.walk_packages(synk.__path__, "synkhronos."):
+        module = importlib.import_module(info.name)
+        assert hasattr(module, "__all__"), info.name
+
+
+def test_data_reference_methods_exist():
+    names = ["data", "dtype", "ndim", "shape", "size", "alloc_size", "minibatch", "name",
+             "__getitem__", "__setitem__", "__len__", "set_value", "set_length", "set_shape",
+             "condition_data", "free_memory"]
+    for n in names:
+        assert hasattr(synk.Data, n), n
+    for n in ["__call__", "as_theano", "build_inputs", "name", "output_modes", "update_modes"]:
+        assert hasattr(synk.Function, n), n
+
+
+def test_compat_module_names():
+    from synkhronos.data_module import Data
+    from synkhronos.function_module import Function
+
+    assert Data is synk.Data and Function is synk.Function
+
+
+def test_status_lines_lifecycle_and_refork(capsys):
+    assert synk.fork(2, use_gpu=False, max_n_var=10, max_dim=4) == 2
+    out = capsys.readouterr().out
+    assert "Synkhronos attempting to use 2 of" in out
+    assert "Synkhronos: 2 CPU workers initialized, master rank: 0" in out
+    with pytest.raises(RuntimeError, match="already forked"):
+        synk.fork(2, use_gpu=False)
+    synk.distribute()
+    out = capsys.readouterr().out
+    assert "Synkhronos distributing functions..." in out and "...distribution complete (" in out
+    synk.close()
+    synk.close()  # idempotent
+    assert synk.fork(n_parallel=1, use_gpu=False) == 1  # a fresh session; one rank, no workers
+    synk.close()
+
+
+def test_use_gpu_true_names_the_cpu_option():
+    with pytest.raises(RuntimeError, match="use_gpu=False"):
+        synk.fork(use_gpu=True)

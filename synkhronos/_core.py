@@ -107,6 +107,15 @@ class FunctionCore:
         kwargs.setdefault("on_unused_input", "ignore")
         return pytensor.function(ins, outs, updates=updates, givens=givens, **kwargs)
 
+    def prepare(self, subset, num_slices, share_sel):
+        """Compile the variant a call with these arguments will most likely use."""
+        sliced = num_slices > 1 and (self.n_scatter or self.sliceable)
+        if sliced:
+            kind = None if not self.sliceable else ("index" if isinstance(share_sel, np.ndarray) else "slice")
+            self.variant(subset, bool(self.updates), kind)
+        else:
+            self.variant(subset, False, _share_args(share_sel, None)[0])
+
     # ----------------------------------------------------------------- execution
     def _fit(self, arrays):
         """Safely upcast inputs whose Data dtype differs from the variable's (as

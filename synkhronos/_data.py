@@ -96,6 +96,9 @@ class Data:
 
     # ------------------------------------------------------------ numpy behaviour
     def _require_array(self):
+        if self._rt.closed:
+            raise RuntimeError("Data %r belongs to a closed Synkhronos session; its memory is "
+                               "released" % self)
         if self._array is None:
             raise ValueError("Data %r holds no memory yet: call set_value() or set_shape() first" % self)
         return self._array
@@ -107,9 +110,9 @@ class Data:
         self._require_array()[k] = v
 
     def __len__(self):
-        if self._array is None:
+        if self._array is None and not self._rt.closed:
             return 0
-        return len(self._array)
+        return len(self._require_array())
 
     def __array__(self, dtype=None, copy=None):
         arr = self._require_array()
@@ -256,7 +259,9 @@ class Data:
     def __del__(self):
         try:
             if self._seg is not None and not self._rt.closed:
+                name = self._seg.name
                 self._release()
+                self._rt.forget_segment(name)
         except Exception:
             pass
 

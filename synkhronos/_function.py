@@ -169,7 +169,7 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
                               givens=given_pairs, **kwargs)
     core = FunctionCore(len(rt.functions), plain, scat + bcast, len(scat), out_vars, out_modes,
                         update_pairs, update_modes, given_pairs, sliceable, kwargs)
-    fn = Function(core, single)
+    fn = Function(core, single, rt)
     rt.functions.append(fn)
     rt.register_shareds(plain.get_shared())
     return fn
@@ -182,7 +182,8 @@ def _is_int(x):
 class Function:
     """A data-parallel function, returned by ``synkhronos.function()``."""
 
-    def __init__(self, core, single_output):
+    def __init__(self, core, single_output, runtime):
+        self._rt = runtime
         self._core = core
         self._single = single_output
         self._inputs = core.inputs
@@ -223,12 +224,15 @@ class Function:
             ordered[idx] = value
         return ordered
 
-    def _check_datas(self, ordered):
+    def _check_datas(self, ordered, rt):
         for i, (d, var) in enumerate(zip(ordered, self._inputs)):
             if not isinstance(d, Data):
                 raise TypeError(
                     "input %d (%s) must be a synkhronos.Data, got %s; wrap arrays with "
                     "synkhronos.data() or Function.build_inputs()" % (i, var, type(d).__name__))
+            if d._rt is not rt:
+                raise RuntimeError("input %d (%s) is a Data object of a closed Synkhronos session"
+                                   % (i, var))
             if not np.can_cast(d.dtype, var.dtype, "safe"):
                 raise TypeError("input %d (%s) needs dtype %s, got Data of dtype %s, which does not "
                                 "convert without loss" % (i, var, var.dtype, d.dtype))
@@ -342,9 +346,12 @@ class Function:
             If the function failed in a worker.
         """
         rt = _runtime.require(distributed=True)
+        if rt is not self._rt:
+            raise RuntimeError("this function belongs to a closed Synkhronos session; build "
+                               "functions again after fork()")
         core = self._core
         ordered = self._order_inputs(args, kwargs)
-        self._check_datas(ordered)
+        self._check_datas(ordered, rt)
         subset = self._check_subset(output_subset)
         if isinstance(num_slices, bool) or not isinstance(num_slices, numbers.Real):
             raise TypeError("num_slices must be a positive int, got %r" % (num_slices,))
@@ -380,6 +387,9 @@ class Function:
             return core.run_local([(d.data, s) for d, s in zip(scat, rank_scat[m])],
                                   [d.data for d in bcast], share_sels[m], subset, num_slices)
 
+        # Compile a new variant here first: workers then load it from PyTensor's warm cache
+        # instead of each compiling it at once.
+        core.prepare(subset, num_slices, share_sels[m])
         mine, replies = rt.request(Command.CALL, payloads, local=local)
         per_rank = {m: mine}
         for r, (weight, tokens) in replies.items():

@@ -77,22 +77,26 @@ def shutdown():
 atexit.register(shutdown)
 
 
-def _pytensor_flags():
-    """Flags of the master's PyTensor config that workers must share."""
+# PyTensor settings that decide how functions compile; workers follow the master's.
+_SYNCED_FLAGS = ("floatX", "mode", "linker", "optimizer", "optimizer_excluding",
+                 "optimizer_including", "optimizer_requiring", "allow_gc", "cast_policy")
+_STARTUP_FLAGS = _SYNCED_FLAGS + ("base_compiledir", "compiledir")
+
+
+def _pytensor_flags(names, changed_only):
+    """The master's values of PyTensor flags ``names`` (only those differing from
+    PyTensor's defaults if ``changed_only``)."""
     if "pytensor" not in sys.modules:
         return {}
     import pytensor
 
-    names = ("floatX", "mode", "linker", "optimizer", "base_compiledir", "compiledir",
-             "optimizer_excluding", "optimizer_including", "optimizer_requiring",
-             "allow_gc", "cast_policy", "on_opt_error", "warn_float64")
     flags = {}
     for name in names:
         param = pytensor.config._config_var_dict.get(name)
         if param is None:
             continue
         value = getattr(pytensor.config, name)
-        if value != param.default:
+        if not changed_only or value != param.default:
             flags[name] = str(value)
     return flags
 
@@ -104,6 +108,7 @@ class _Worker:
         self.rank = rank
         self.process = process
         self.conn = conn
+        self.pending_drops = []  # segments of collected Data, dropped with the next command
 
 
 class Runtime:
@@ -131,7 +136,7 @@ class Runtime:
 
     # ----------------------------------------------------------------- processes
     def spawn(self):
-        flags = _pytensor_flags()
+        flags = _pytensor_flags(_STARTUP_FLAGS, changed_only=True)
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         path = [pkg_parent] + [p for p in sys.path if p]
         for rank in self.worker_ranks:
@@ -141,7 +146,7 @@ class Runtime:
             env["SYNK_WORKER"] = json.dumps(dict(
                 rank=rank, fd=theirs.fileno(), token=self.token, n_parallel=self.n_parallel,
                 master_rank=self.master_rank, device=self.device.name,
-                profile=bool(self.profile_workers), sys_path=path, flags=flags,
+                profile=bool(self.profile_workers), sys_path=path,
             ))
             if flags:
                 extra = ",".join("%s=%s" % kv for kv in flags.items())
@@ -201,22 +206,32 @@ class Runtime:
         """
         if self.closed:
             raise RuntimeError("Synkhronos is closed: call synkhronos.fork() to start again")
+        try:
+            return self._round_trip(cmd, payload, ranks, local)
+        except KeyboardInterrupt:
+            # Replies may still be in flight: the channels cannot be trusted any more.
+            self._fail_closed()
+            raise
+
+    def _round_trip(self, cmd, payload, ranks, local):
         per_rank = isinstance(payload, dict)
         if ranks is None:
             ranks = sorted(payload) if per_rank else self.worker_ranks
         sent = []
         dead = None
         for r in ranks:
+            w = self.workers[r]
+            drops, w.pending_drops = w.pending_drops, []
             try:
-                self.workers[r].conn.send((cmd, payload[r] if per_rank else payload))
+                w.conn.send((cmd, payload[r] if per_rank else payload, drops))
                 sent.append(r)
             except OSError:
-                dead = dead or r
+                dead = r if dead is None else min(dead, r)
         local_result, local_exc = None, None
         if local is not None:
             try:
                 local_result = local()
-            except BaseException as exc:  # re-raised once the workers have answered
+            except Exception as exc:  # re-raised once the workers have answered
                 local_exc = exc
         replies, failures = {}, []
         for r in sent:
@@ -250,8 +265,14 @@ class Runtime:
     # ----------------------------------------------------------------- lifecycle
     def distribute(self):
         payload = pickle.dumps((self.functions_cores(), self.shareds), protocol=pickle.HIGHEST_PROTOCOL)
-        self.request(Command.DISTRIBUTE, (_pytensor_flags(), payload))
+        self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False), payload))
         self.distributed = True
+
+    def forget_segment(self, name):
+        """A Data segment was released in the master without a round trip (the
+        object was garbage-collected): workers unmap it with their next command."""
+        for w in self.workers.values():
+            w.pending_drops.append(name)
 
     def functions_cores(self):
         return [f._core for f in self.functions]
@@ -273,7 +294,7 @@ class Runtime:
         self.closed = True
         for w in self.workers.values():
             try:
-                w.conn.send((Command.EXIT, None))
+                w.conn.send((Command.EXIT, None, ()))
             except OSError:
                 pass
         deadline = time.monotonic() + _EXIT_TIMEOUT

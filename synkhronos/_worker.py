@@ -112,9 +112,11 @@ def _serve(conn, state):
     """Answer commands until EXIT; returns False if the master vanished."""
     while True:
         try:
-            cmd, payload = conn.recv()
+            cmd, payload, drops = conn.recv()
         except (EOFError, OSError):
             return False
+        for name in drops:
+            state.cache.drop(name)
         if cmd == Command.EXIT:
             return True
         try:

@@ -61,3 +61,38 @@ def test_status_lines_lifecycle_and_refork(capsys):
 def test_use_gpu_true_names_the_cpu_option():
     with pytest.raises(RuntimeError, match="use_gpu=False"):
         synk.fork(use_gpu=True)
+
+
+def test_single_rank_runs_in_master():
+    import numpy as np
+    import pytensor.tensor as pt
+
+    synk.fork(1, use_gpu=False)
+    x = pt.matrix("x")
+    f = synk.function([x], outputs=[x.mean(), (x.sum(axis=1), None)])
+    synk.distribute()
+    v = np.arange(12, dtype=x.dtype).reshape(4, 3)
+    mean, rows = f(synk.data(v), num_slices=2)
+    assert np.isclose(mean, v.mean()) and len(rows) == 1
+    np.testing.assert_allclose(rows[0], v.sum(axis=1))
+    synk.close()
+
+
+def test_profile_workers_writes_profiles(tmp_path, monkeypatch):
+    import glob
+    import os
+    import tempfile
+    import time
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # workers inherit TMPDIR; reset our own cache too
+    try:
+        synk.fork(2, use_gpu=False, profile_workers=True)
+        pid = synk._runtime.current().workers[1].process.pid
+        synk.close()
+    finally:
+        tempfile.tempdir = None
+    deadline = time.monotonic() + 10
+    while not glob.glob(os.path.join(str(tmp_path), "synkhronos_worker_1_%d.prof" % pid)):
+        assert time.monotonic() < deadline, os.listdir(tmp_path)
+        time.sleep(0.05)

@@ -1,0 +1,407 @@
+"""Cleanup: however a session ends (close(), normal exit, an uncaught exception,
+Ctrl-C, the master killed), no worker process and no shared-memory segment of the
+session may remain, and no POSIX semaphore is ever created.
+"""
+
+import os
+
+os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+
+import gc  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytensor  # noqa: E402
+import pytensor.tensor as pt  # noqa: E402
+import pytest  # noqa: E402
+
+import synkhronos as synk  # noqa: E402
+from synkhronos import _runtime  # noqa: E402
+
+F32 = "float32"
+SHM_DIR = "/dev/shm"
+START_S = 120.0  # for a script to get its session going (noisy, shared machine)
+ORPHAN_S = 10.0  # for workers of a killed master to clean up by themselves
+BIG_ROWS = 40000  # (40000, 3) float32 = 480 kB: outputs travel through shared memory
+
+
+# --------------------------------------------------------------------------- helpers
+def _segments(token):
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("synk_%s_" % token))
+
+
+def _semaphores(token):
+    """POSIX semaphores (``sem.<name>``) that could belong to Synkhronos."""
+    return sorted(n for n in os.listdir(SHM_DIR)
+                  if n.startswith("sem.") and (token in n or "synk" in n.lower()))
+
+
+def _stat(pid):
+    """(state, start time) of process ``pid``, or None if there is no such process."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[19])
+
+
+def _running(pid, start):
+    """Whether that very process still runs (a zombie has exited)."""
+    st = _stat(pid)
+    return st is not None and st[1] == start and st[0] not in "ZX"
+
+
+def _exists(pid, start):
+    """Whether that very process still exists, even as an unreaped zombie."""
+    st = _stat(pid)
+    return st is not None and st[1] == start
+
+
+def _shm_maps(pid):
+    """Lines of /proc/<pid>/maps that map files of /dev/shm."""
+    with open("/proc/%d/maps" % pid) as fh:
+        return [line.strip() for line in fh if SHM_DIR + "/" in line]
+
+
+def _slots(names):
+    """Slot names (``d0``, ``r1``, ...) of segment names ``synk_<token>_<slot>_<gen>``."""
+    return {n.rsplit("_", 2)[1] for n in names}
+
+
+def _wait_until(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _build_session(n=2):
+    """fork, one function with big per-rank outputs, Data, and a collective that
+    moves a big value: segments of every owner (Data, master and worker exchange
+    buffers) exist afterwards."""
+    synk.fork(n, use_gpu=False)
+    x = pt.matrix("x", dtype=F32)
+    s = pytensor.shared(np.zeros((4, 3), dtype=F32), name="s")
+    f = synk.function([x], [(x * 2, None), (x.sum() + s.sum(), "sum")])
+    synk.distribute()
+    d = synk.data(np.ones((BIG_ROWS, 3), dtype=F32))
+    parts, total = f(d)
+    assert float(total) == BIG_ROWS * 3
+    assert sum(len(p) for p in parts) == BIG_ROWS
+    synk.broadcast(s, np.zeros((BIG_ROWS, 3), dtype=F32))
+    return f, d, s
+
+
+def _session_ids():
+    rt = _runtime.current()
+    return rt.token, {r: (w.process.pid, _stat(w.process.pid)[1]) for r, w in rt.workers.items()}
+
+
+@pytest.fixture
+def fresh():
+    synk.close()
+    yield
+    synk.close()
+
+
+# ------------------------------------------------------------------- in process
+def test_close_stops_workers_and_unlinks_segments(fresh):
+    f, d, _ = _build_session(3)
+    token, workers = _session_ids()
+    assert {"d0", "r0", "r1", "r2"} <= _slots(_segments(token))
+    synk.close()
+    assert _runtime.current() is None
+    for rank, (pid, start) in workers.items():
+        assert not _exists(pid, start), "worker rank %d (pid %d) survived close()" % (rank, pid)
+    assert _segments(token) == []
+    assert d.data is None  # the master's mapping is gone too
+    assert not [m for m in _shm_maps(os.getpid()) if "synk_%s_" % token in m]
+
+
+def test_close_is_idempotent(fresh):
+    synk.close()  # nothing open: fine
+    _build_session()
+    token, workers = _session_ids()
+    synk.close()
+    synk.close()
+    assert _runtime.current() is None
+    assert _segments(token) == []
+    assert not any(_exists(*w) for w in workers.values())
+    # and a new session starts cleanly
+    synk.fork(2, use_gpu=False)
+    assert _runtime.current().token != token
+    synk.close()
+    synk.close()
+    assert _runtime.current() is None
+
+
+def test_close_with_unresponsive_worker(fresh):
+    """A worker that does not answer EXIT is killed: close() neither hangs nor leaks."""
+    _build_session()
+    token, workers = _session_ids()
+    pid, start = workers[1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        closer = threading.Thread(target=synk.close, daemon=True)
+        t0 = time.monotonic()
+        closer.start()
+        closer.join(60)
+        elapsed = time.monotonic() - t0
+        assert not closer.is_alive(), "close() hangs on a stopped worker"
+    finally:
+        if _exists(pid, start):
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+    assert elapsed < 30
+    assert _runtime.current() is None
+    assert not any(_exists(*w) for w in workers.values())
+    assert _segments(token) == []
+
+
+def test_no_posix_semaphores(fresh):
+    _build_session()
+    token, workers = _session_ids()
+    pids = [os.getpid()] + [pid for pid, _ in workers.values()]
+    for pid in pids:
+        maps = _shm_maps(pid)
+        assert [m for m in maps if "synk_%s_" % token in m], "pid %d maps no segment" % pid
+        assert not [m for m in maps if "/sem." in m], "pid %d maps a POSIX semaphore" % pid
+    assert _semaphores(token) == []
+    synk.close()
+    assert _semaphores(token) == []
+
+
+def test_free_memory_releases_segment_everywhere(fresh):
+    synk.fork(2, use_gpu=False)
+    x = pt.vector("x", dtype=F32)
+    f = synk.function([x], (x.sum(), "sum"))
+    synk.distribute()
+    d = synk.data(np.ones(100000, dtype=F32))
+    assert float(f(d)) == 100000
+    name = d._seg.name.lstrip("/")
+    token, workers = _session_ids()
+    worker_pid = workers[1][0]
+    assert [m for m in _shm_maps(worker_pid) if name in m]
+    d.free_memory()
+    assert name not in os.listdir(SHM_DIR)
+    for pid in (os.getpid(), worker_pid):
+        assert not [m for m in _shm_maps(pid) if name in m], "pid %d still maps %s" % (pid, name)
+
+
+def test_dropped_data_is_released_in_workers(fresh):
+    synk.fork(2, use_gpu=False)
+    x = pt.vector("x", dtype=F32)
+    f = synk.function([x], (x.sum(), "sum"))
+    synk.distribute()
+    d = synk.data(np.ones(1000000, dtype=F32))  # 4 MB
+    assert float(f(d)) == 1000000
+    name = d._seg.name.lstrip("/")
+    _, workers = _session_ids()
+    worker_pid = workers[1][0]
+    del d
+    gc.collect()
+    assert name not in os.listdir(SHM_DIR)
+    # Workers may let go lazily, but at the latest on the next round trip.
+    assert float(f(synk.data(np.ones(10, dtype=F32)))) == 10
+    assert not [m for m in _shm_maps(worker_pid) if name in m], "worker still maps dropped %s" % name
+
+
+# ------------------------------------------------------------- script sessions
+SCRIPT = r"""
+import json, os, sys, time
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import synkhronos as synk
+
+mode = sys.argv[1]
+synk.fork(2, use_gpu=False)
+x = pt.matrix("x", dtype="float32")
+s = pytensor.shared(np.zeros((4, 3), dtype="float32"), name="s")
+f = synk.function([x], [(x * 2, None), (x.sum() + s.sum(), "sum")])
+synk.distribute()
+d = synk.data(np.ones((%(rows)d, 3), dtype="float32"))
+parts, total = f(d)
+assert float(total) == %(rows)d * 3
+synk.broadcast(s, np.zeros((%(rows)d, 3), dtype="float32"))
+rt = synk._runtime.current()
+pids = [w.process.pid for w in rt.workers.values()]
+
+def shm_maps(pid):
+    with open("/proc/%%d/maps" %% pid) as fh:
+        return [line.strip() for line in fh if "/dev/shm/" in line]
+
+info = dict(
+    token=rt.token,
+    pids=pids,
+    segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("synk_%%s_" %% rt.token)),
+    mapped={str(p): len([m for m in shm_maps(p) if "synk_" in m]) for p in [os.getpid()] + pids},
+    semaphores=[m for p in [os.getpid()] + pids for m in shm_maps(p) if "/sem." in m],
+)
+print("SYNK-INFO " + json.dumps(info), flush=True)
+if mode == "raise":
+    raise ValueError("user script failed on purpose")
+elif mode == "sleep":
+    while True:
+        time.sleep(0.02)
+elif mode == "busy":
+    while True:
+        f(d)
+        synk.broadcast(s)
+""" % dict(rows=BIG_ROWS)
+
+
+class _Script:
+    """A user script in its own interpreter, running a Synkhronos session."""
+
+    def __init__(self, tmp_path, mode, new_session=False):
+        self.out_path = tmp_path / "stdout.txt"
+        self.err_path = tmp_path / "stderr.txt"
+        env = dict(os.environ)
+        env["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", SCRIPT, mode], stdout=out, stderr=err,
+                                         env=env, start_new_session=new_session)
+        self.info = None
+
+    def stderr(self):
+        return self.err_path.read_text()
+
+    def wait_info(self):
+        """The session's token, worker pids (with start times) and segments."""
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            for line in self.out_path.read_text().splitlines():
+                if line.startswith("SYNK-INFO "):
+                    info = json.loads(line[len("SYNK-INFO "):])
+                    info["workers"] = [(pid, _stat(pid)[1]) for pid in info["pids"]]
+                    self.info = info
+                    self._check_info()
+                    return info
+            if self.proc.poll() is not None:
+                pytest.fail("script exited (%s) before its session was up:\n%s"
+                            % (self.proc.returncode, self.stderr()))
+            time.sleep(0.05)
+        self.kill()
+        pytest.fail("script did not start its session within %.0f s" % START_S)
+
+    def _check_info(self):
+        info = self.info
+        assert {"d0", "r0", "r1"} <= _slots(info["segments"]), info["segments"]
+        assert all(n > 0 for n in info["mapped"].values()), info["mapped"]  # maps were readable
+        assert info["semaphores"] == []
+
+    def wait(self, timeout=60):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail("script did not exit within %d s:\n%s" % (timeout, self.stderr()))
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid, start in (self.info or {}).get("workers", []):
+            if _running(pid, start):
+                os.kill(pid, signal.SIGKILL)
+        if self.info:
+            _unlink_leftovers(self.info["token"])
+
+    def assert_clean(self, timeout=0.0):
+        """No worker runs and no segment of the session remains (waiting up to
+        ``timeout`` for orphaned workers to finish)."""
+        token, workers = self.info["token"], self.info["workers"]
+        _wait_until(lambda: not any(_running(*w) for w in workers) and not _segments(token), timeout)
+        survivors = [pid for pid, start in workers if _running(pid, start)]
+        left = _segments(token)
+        assert survivors == [], "worker processes survived: %s" % survivors
+        assert left == [], "shared memory left behind: %s" % left
+        assert _semaphores(token) == []
+
+
+def _unlink_leftovers(token):
+    """Do not let a failed test leak into the next (or the machine)."""
+    for name in _segments(token):
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def script(tmp_path):
+    made = []
+
+    def start(mode, new_session=False):
+        s = _Script(tmp_path, mode, new_session)
+        made.append(s)
+        return s
+
+    yield start
+    for s in made:
+        s.kill()
+
+
+def test_normal_exit_without_close(script):
+    s = script("exit")
+    s.wait_info()
+    assert s.wait() == 0, s.stderr()
+    s.assert_clean()
+
+
+def test_uncaught_exception(script):
+    s = script("raise")
+    s.wait_info()
+    assert s.wait() == 1
+    assert "user script failed on purpose" in s.stderr()
+    s.assert_clean()
+
+
+@pytest.mark.parametrize("mode", ["sleep", "busy"])
+def test_sigint_to_master(script, mode):
+    s = script(mode)
+    s.wait_info()
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGINT)
+    assert s.wait() != 0
+    assert "KeyboardInterrupt" in s.stderr()
+    s.assert_clean()
+
+
+@pytest.mark.parametrize("mode", ["sleep", "busy"])
+def test_ctrl_c_to_process_group(script, mode):
+    """A real Ctrl-C reaches the master and every worker; the workers must leave
+    the shutdown to the master."""
+    s = script(mode, new_session=True)
+    s.wait_info()
+    time.sleep(0.3)
+    os.killpg(s.proc.pid, signal.SIGINT)
+    assert s.wait() != 0
+    err = s.stderr()
+    assert "KeyboardInterrupt" in err
+    assert err.count("Traceback (most recent call last)") == 1, err  # the master's only
+    s.assert_clean()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("mode", ["sleep", "busy"])
+def test_master_killed(script, mode, sig):
+    """Nobody closes the session: the workers must notice and clean up themselves."""
+    s = script(mode)
+    s.wait_info()
+    time.sleep(0.3)
+    s.proc.send_signal(sig)
+    assert s.wait() == -sig
+    s.assert_clean(timeout=ORPHAN_S)
+

@@ -1,0 +1,33 @@
+"""Run the demos as scripts: each must exit cleanly and report that it passed."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEMOS = Path(__file__).resolve().parent.parent / "demos"
+TIMEOUT = 300  # seconds; a demo takes a few seconds with mode=FAST_COMPILE
+
+
+def run_demo(number, *args):
+    env = dict(os.environ)
+    # FAST_COMPILE compiles in well under a second; the default linker may take minutes on a cold cache.
+    env["PYTENSOR_FLAGS"] = ",".join(f for f in (env.get("PYTENSOR_FLAGS"), "mode=FAST_COMPILE") if f)
+    return subprocess.run([sys.executable, str(DEMOS / ("demo_%d.py" % number)), *args], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("number, n", [(1, 2), (2, 2), (3, 2), (4, 2), (5, 2), (4, 3), (5, 3)])
+def test_demo(number, n):
+    proc = run_demo(number, "--n", str(n))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_demo_gpu_flag_fails_clearly():
+    proc = run_demo(1, "--gpu")
+    assert proc.returncode != 0
+    assert "use_gpu=False" in proc.stderr, proc.stderr
+    assert "passed" not in proc.stdout

@@ -1,0 +1,139 @@
+"""Helpers shared by the benchmark scripts: machine description, statistics,
+tables and the JSON results file.  Not a benchmark itself."""
+
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def usable_cores():
+    """Cores this process may run on (its CPU affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _meminfo_kb(key):
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _version(module_name):
+    try:
+        module = __import__(module_name)
+    except Exception:  # not installed, or broken: say so rather than fail
+        return None
+    return getattr(module, "__version__", None)
+
+
+def _blas_name():
+    try:
+        import numpy as np
+
+        cfg = np.show_config(mode="dicts")
+        blas = cfg["Build Dependencies"]["blas"]
+        return "%s %s" % (blas.get("name"), blas.get("version"))
+    except Exception:  # older numpy: no dict mode
+        return None
+
+
+def machine_info():
+    """Where and with what the benchmark ran."""
+    try:
+        shm = shutil.disk_usage("/dev/shm")
+        shm_free = shm.free
+    except OSError:
+        shm_free = None
+    mem = _meminfo_kb("MemTotal")
+    avail = _meminfo_kb("MemAvailable")
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "mem_total_gb": None if mem is None else round(mem / 2**20, 2),
+        "mem_available_gb": None if avail is None else round(avail / 2**20, 2),
+        "dev_shm_free_gb": None if shm_free is None else round(shm_free / 2**30, 2),
+        "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "python": sys.version.split()[0],
+        "numpy": _version("numpy"),
+        "pytensor": _version("pytensor"),
+        "numba": _version("numba"),
+        "synkhronos": _version("synkhronos"),
+        "blas": _blas_name(),
+        "blas_thread_env": {k: os.environ.get(k) for k in
+                            ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def print_machine(info):
+    print("machine: %s | %s | %s usable of %s logical cores | load avg %s"
+          % (info["platform"], info["cpu_model"], info["usable_cores"], info["logical_cpus"],
+             "n/a" if info["load_avg_at_start"] is None
+             else " ".join("%.2f" % v for v in info["load_avg_at_start"])))
+    print("python %s, numpy %s, pytensor %s, numba %s, synkhronos %s, BLAS %s"
+          % (info["python"], info["numpy"], info["pytensor"], info["numba"], info["synkhronos"],
+             info["blas"]))
+
+
+def percentile(values, q):
+    """q-th percentile (0..100) of a non-empty list, by linear interpolation."""
+    v = sorted(values)
+    if not v:
+        raise ValueError("no values")
+    pos = (len(v) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def median(values):
+    return percentile(values, 50)
+
+
+def table(headers, rows):
+    """Plain-text table; cells are converted with str()."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def default_out(script_file):
+    name = os.path.splitext(os.path.basename(script_file))[0]
+    return os.path.join(RESULTS_DIR, name + ".json")
+
+
+def write_json(path, payload):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+    print("results written to %s" % path)

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _runtime
 from ._protocol import Command
-from ._shmem import ArrayRef, Segment, segment_name
+from ._shmem import Segment, array_ref, segment_name
 
 __all__ = ["Data", "data"]
 
@@ -43,12 +43,14 @@ class Data:
         self._rt = _runtime.require()
         self._ID = ID
         self._dtype = np.dtype(dtype)
+        self._dtype_name = self._dtype.name
         self._ndim = int(ndim)
         self._minibatch = bool(minibatch)
         self._name = name
         self._seg = None
         self._gen = 0
         self._array = None
+        self._ref_cache = None
 
     # ---------------------------------------------------------------- properties
     @property
@@ -61,7 +63,7 @@ class Data:
     @property
     def dtype(self):
         """Data type, as a string (``'float32'``), like a PyTensor variable's."""
-        return self._dtype.name
+        return self._dtype_name
 
     @property
     def ndim(self):
@@ -226,6 +228,7 @@ class Data:
         if self._seg is None or items > self.alloc_size:
             self._allocate(max(int(items * oversize), items), old if keep else None)
         self._array = self._seg.array(self._dtype, shape)
+        self._ref_cache = array_ref(self._seg.name, 0, self._dtype, shape)
 
     def _allocate(self, items, old):
         rt = self._rt
@@ -246,15 +249,17 @@ class Data:
     def _release(self):
         """Drop this process's memory (no message to workers)."""
         self._array = None
+        self._ref_cache = None
         if self._seg is not None:
             self._seg.unlink()
             self._seg.close()
             self._seg = None
 
     def _ref(self):
-        """``ArrayRef`` to the current array, for the workers."""
-        self._require_array()
-        return ArrayRef(self._seg.name, 0, self._dtype, self._array.shape)
+        """Array ref to the current array, for the workers."""
+        if self._ref_cache is None:
+            self._require_array()
+        return self._ref_cache
 
     def __del__(self):
         try:

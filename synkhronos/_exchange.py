@@ -1,15 +1,15 @@
 """Moving arrays between ranks: small ones inline on the command channel, large
 ones through each rank's own growable shared-memory buffer.
 
-A rank that sends arrays writes them into its buffer and passes ``ArrayRef``
-tokens; the receiver reads them in place.  A buffer is only rewritten by its
+A rank that sends arrays writes them into its buffer and passes array refs
+(``_shmem.array_ref``); the receiver reads them in place.  A buffer is only rewritten by its
 owner's next send, which under the master's lock-step protocol (every action is
 one round trip) happens after the receiver has finished reading.
 """
 
 import numpy as np
 
-from ._shmem import ArrayRef, Segment, segment_name
+from ._shmem import Segment, array_ref, segment_name
 
 __all__ = ["ExchangeBuffer", "INLINE_BYTES", "receive"]
 
@@ -54,7 +54,7 @@ class ExchangeBuffer:
 
     def send(self, arrays, inline_bytes=INLINE_BYTES):
         """Package ``arrays`` (a list) for another rank: small ones stay as they
-        are, large ones are copied into this buffer and replaced by ``ArrayRef``."""
+        are, large ones are copied into this buffer and replaced by array refs."""
         arrays = [np.asarray(a) for a in arrays]
         big = [i for i, a in enumerate(arrays) if a.nbytes >= inline_bytes]
         if not big:
@@ -66,7 +66,7 @@ class ExchangeBuffer:
         for i in big:
             a = arrays[i]
             seg.array(a.dtype, a.shape, offset)[...] = a
-            tokens[i] = ArrayRef(seg.name, offset, a.dtype, a.shape)
+            tokens[i] = array_ref(seg.name, offset, a.dtype, a.shape)
             offset += _aligned(a.nbytes)
         return tokens
 
@@ -85,7 +85,7 @@ def receive(tokens, cache, copy=False):
     """
     out = []
     for t in tokens:
-        if isinstance(t, ArrayRef):
+        if isinstance(t, tuple):  # an array ref
             v = cache.view(t)
             out.append(v.copy() if copy else v)
         else:

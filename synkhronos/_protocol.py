@@ -8,9 +8,16 @@ out of step, and the round trip is the barrier that guards each action.
 """
 
 import enum
+import os
+import time
 import traceback
 
-__all__ = ["Command", "ok", "failure"]
+__all__ = ["Command", "ok", "failure", "recv"]
+
+# Poll this long before blocking: a process woken from sleep runs its first
+# microseconds slowly, so a short spin makes back-to-back calls much faster,
+# while an idle session still sleeps.
+SPIN_SECONDS = float(os.environ.get("SYNKHRONOS_SPIN_US", "100")) * 1e-6
 
 
 class Command(enum.IntEnum):
@@ -33,3 +40,12 @@ def ok(result=None):
 def failure(exc):
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return False, (type(exc).__name__, str(exc), tb)
+
+
+def recv(conn, spin=SPIN_SECONDS):
+    """``conn.recv()``, polling for up to ``spin`` seconds before blocking."""
+    if spin > 0 and not conn.poll(0):
+        deadline = time.perf_counter() + spin
+        while not conn.poll(0) and time.perf_counter() < deadline:
+            pass
+    return conn.recv()

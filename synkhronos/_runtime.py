@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 from . import _shmem
 from ._devices import cpu
 from ._exchange import ExchangeBuffer
-from ._protocol import Command
+from ._protocol import Command, recv
 from .exceptions import WorkerError
 
 __all__ = ["Runtime", "current", "require", "start", "shutdown", "default_device"]
@@ -223,7 +223,7 @@ class Runtime:
             w = self.workers[r]
             drops, w.pending_drops = w.pending_drops, []
             try:
-                w.conn.send((cmd, payload[r] if per_rank else payload, drops))
+                w.conn.send((int(cmd), payload[r] if per_rank else payload, drops))
                 sent.append(r)
             except OSError:
                 dead = r if dead is None else min(dead, r)
@@ -236,7 +236,7 @@ class Runtime:
         replies, failures = {}, []
         for r in sent:
             try:
-                okay, result = self.workers[r].conn.recv()
+                okay, result = recv(self.workers[r].conn)
             except (EOFError, OSError):
                 dead = r if dead is None else min(dead, r)
                 continue
@@ -294,7 +294,7 @@ class Runtime:
         self.closed = True
         for w in self.workers.values():
             try:
-                w.conn.send((Command.EXIT, None, ()))
+                w.conn.send((int(Command.EXIT), None, ()))
             except OSError:
                 pass
         deadline = time.monotonic() + _EXIT_TIMEOUT

@@ -19,7 +19,7 @@ import posix_ipc
 __all__ = [
     "Segment",
     "SegmentCache",
-    "ArrayRef",
+    "array_ref",
     "new_token",
     "segment_name",
     "unlink_session",
@@ -89,23 +89,12 @@ class Segment:
             pass
 
 
-class ArrayRef(tuple):
+def array_ref(name, offset, dtype, shape):
     """Where an array lives: ``(segment name, byte offset, dtype str, shape)``.
 
-    A tuple so that it pickles small and fast on the command channel.
+    A plain tuple, so that it pickles small and fast on the command channel.
     """
-
-    __slots__ = ()
-
-    def __new__(cls, name, offset, dtype, shape):
-        return tuple.__new__(cls, (name, int(offset), np.dtype(dtype).str, tuple(shape)))
-
-    def __getnewargs__(self):
-        return tuple(self)
-
-    @property
-    def name(self):
-        return self[0]
+    return (name, int(offset), np.dtype(dtype).str, tuple(shape))
 
 
 class SegmentCache:
@@ -113,6 +102,7 @@ class SegmentCache:
 
     def __init__(self):
         self._by_slot = {}
+        self._views = {}  # array ref -> numpy view, reused call after call
 
     def segment(self, name):
         """The mapped segment ``name``, mapping it (and dropping its slot's older
@@ -121,23 +111,33 @@ class SegmentCache:
         seg = self._by_slot.get(slot)
         if seg is None or seg.name != name:
             if seg is not None:
-                seg.close()
+                self._close(seg)
             seg = Segment(name)
             self._by_slot[slot] = seg
         return seg
 
     def view(self, ref):
-        """A numpy view of the array that ``ref`` (an ``ArrayRef``) points to."""
-        name, offset, dtype, shape = ref
-        return self.segment(name).array(dtype, shape, offset)
+        """A numpy view of the array that ``ref`` (from ``array_ref``) points to."""
+        v = self._views.get(ref)
+        if v is None:
+            name, offset, dtype, shape = ref
+            v = self._views[ref] = self.segment(name).array(dtype, shape, offset)
+        return v
+
+    def _close(self, seg):
+        # Cached views keep the old mapping alive: forget them first.
+        for ref in [r for r in self._views if r[0] == seg.name]:
+            del self._views[ref]
+        seg.close()
 
     def drop(self, name):
         """Forget the mapping of the slot that ``name`` belongs to."""
         seg = self._by_slot.pop(_slot_of(name), None)
         if seg is not None:
-            seg.close()
+            self._close(seg)
 
     def clear(self):
+        self._views.clear()
         for seg in self._by_slot.values():
             seg.close()
         self._by_slot.clear()

@@ -16,7 +16,7 @@ import threading
 from . import _shmem
 from ._exchange import ExchangeBuffer, receive
 from ._plan import take_rows
-from ._protocol import Command, failure, ok
+from ._protocol import Command, failure, ok, recv
 
 __all__ = ["main"]
 
@@ -112,7 +112,7 @@ def _serve(conn, state):
     """Answer commands until EXIT; returns False if the master vanished."""
     while True:
         try:
-            cmd, payload, drops = conn.recv()
+            cmd, payload, drops = recv(conn)
         except (EOFError, OSError):
             return False
         for name in drops:

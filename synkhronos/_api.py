@@ -77,6 +77,9 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     master_rank = _check_int(master_rank, "master_rank", 0)
     if master_rank >= n:
         raise ValueError("master_rank must be < n_parallel=%d, got %d" % (n, master_rank))
+    if device.name == "gpu" and n > available:
+        raise ValueError("n_parallel=%d but only %d GPUs are visible" % (n, available))
+    device.setup_master(master_rank)
     _default_float32()
     print("Synkhronos attempting to use %d of %d detected %s..." % (n, available, device.label), flush=True)
     _runtime.start(n, master_rank, device, bool(profile_workers))

@@ -4,8 +4,11 @@ variable used in a Synkhronos function; these calls move values between copies.
 Naming rule (as in MPI): ``X`` acts toward or from the master (rank
 ``master_rank``); ``all_X`` leaves the result on every rank.  Every call takes one
 shared variable or a list/tuple of them, and returns one result or a tuple.
-``nccl=True`` means "use the device collective when there is one"; CPU workers
-always move data through shared memory.
+``nccl=True`` means "use the device collective when there is one": on GPU workers
+``broadcast``, ``gather``, ``all_gather``, ``reduce`` and ``all_reduce`` run over
+NCCL (after checking shapes across ranks, so that unequal shapes are never
+corrupted), while ``scatter``, ``set_value`` and ``get_value`` move host data
+through shared memory.  CPU workers always use shared memory.
 """
 
 import numbers
@@ -150,6 +153,34 @@ def _set_all(rt, variables, ids, values, rows=None, ranks=None):
     rt.request(Command.SET_SHAREDS, payloads, ranks=sorted(payloads), local=local if m in ranks else None)
 
 
+def _use_nccl(rt, nccl):
+    _check_bool(nccl, "nccl")
+    return nccl and rt.device.nccl
+
+
+def _all_shapes(rt, ids):
+    """Shapes of shared variables ``ids`` on every rank: ``[var][rank]``."""
+    dev = rt.device
+    mine, replies = rt.request(Command.GET_SHAPES, ids,
+                               local=lambda: [tuple(dev.get_value(rt.shareds[i]).shape) for i in ids])
+    replies[rt.master_rank] = mine
+    return [[tuple(replies[r][k]) for r in range(rt.n_parallel)] for k in range(len(ids))]
+
+
+def _equal_shapes(variables, shapes, what):
+    for var, per_rank in zip(variables, shapes):
+        if len(set(per_rank)) > 1:
+            raise ValueError("cannot %s %s: its shapes differ between ranks: %s" % (what, var, per_rank))
+
+
+def _device_collective(rt, op, ids, args):
+    """Run device collective ``op`` on every rank; returns the master's result."""
+    variables = [rt.shareds[i] for i in ids]
+    local = getattr(rt.device, "nccl_" + op)
+    mine, _ = rt.request(Command.NCCL, (op, ids, args), local=lambda: local(variables, *args))
+    return mine
+
+
 def broadcast(shared_vars, values=None, nccl=True):
     """Give every rank the same value of each shared variable.
 
@@ -162,8 +193,15 @@ def broadcast(shared_vars, values=None, nccl=True):
         Use the device collective when there is one.
     """
     rt = _runtime.require(distributed=True)
-    _check_bool(nccl, "nccl")
+    use_nccl = _use_nccl(rt, nccl)
     variables, ids, _ = _targets(rt, shared_vars)
+    if use_nccl:
+        if values is not None:
+            for var, v in zip(variables, _values_for(values, variables)):
+                rt.device.set_value(var, _array(v))
+        shapes = [tuple(rt.device.device_value(v).shape) for v in variables]
+        _device_collective(rt, "broadcast", ids, (rt.master_rank, shapes, [v.dtype for v in variables]))
+        return
     if values is None:
         values = [rt.device.get_value(v) for v in variables]
         ranks = rt.worker_ranks
@@ -217,11 +255,15 @@ def gather(shared_vars, nd_up=1, nccl=True):
     array (or list of arrays, see ``nd_up``), or a tuple of them for a list
     """
     rt = _runtime.require(distributed=True)
-    _check_bool(nccl, "nccl")
+    use_nccl = _use_nccl(rt, nccl)
     if nd_up not in (0, 1) or isinstance(nd_up, bool):
         raise ValueError("nd_up must be 0 or 1, got %r" % (nd_up,))
     variables, ids, single = _targets(rt, shared_vars)
-    arrays = _gather_arrays(rt, ids)
+    if use_nccl:
+        per_var = _device_collective(rt, "gather", ids, (rt.master_rank, _all_shapes(rt, ids)))
+        arrays = {r: [per_var[k][r] for k in range(len(ids))] for r in range(rt.n_parallel)}
+    else:
+        arrays = _gather_arrays(rt, ids)
     results = []
     for k, var in enumerate(variables):
         values = [arrays[r][k] for r in range(rt.n_parallel)]
@@ -246,8 +288,16 @@ def all_gather(shared_vars, nccl=True):
     """Every rank's variable becomes the concatenation (along axis 0) of all
     ranks' values, in rank order.  ndim is unchanged."""
     rt = _runtime.require(distributed=True)
-    _check_bool(nccl, "nccl")
+    use_nccl = _use_nccl(rt, nccl)
     variables, ids, _ = _targets(rt, shared_vars)
+    if use_nccl:
+        shapes = _all_shapes(rt, ids)
+        for var, per_rank in zip(variables, shapes):
+            if len(per_rank[0]) == 0 or len({s[1:] for s in per_rank}) > 1:
+                raise ValueError("cannot concatenate values of %s with shapes %s along axis 0"
+                                 % (var, per_rank))
+        _device_collective(rt, "all_gather", ids, (shapes,))
+        return
     arrays = _gather_arrays(rt, ids)
     joined = [_join([arrays[r][k] for r in range(rt.n_parallel)], 0, var) for k, var in enumerate(variables)]
     _set_all(rt, variables, ids, joined)
@@ -260,9 +310,7 @@ def _reduced(rt, shared_vars, op):
     results = []
     for k, var in enumerate(variables):
         values = [arrays[r][k] for r in range(rt.n_parallel)]
-        if len({v.shape for v in values}) > 1:
-            raise ValueError("cannot reduce %s: its shapes differ between ranks: %s"
-                             % (var, [v.shape for v in values]))
+        _equal_shapes([var], [[v.shape for v in values]], "reduce")
         results.append(np.asarray(reduce_values(values, op), dtype=var.dtype))
     return variables, ids, single, results
 
@@ -284,8 +332,14 @@ def reduce(shared_vars, op="avg", in_place=True, nccl=True):
     None, or with ``in_place=False`` the result(s)
     """
     rt = _runtime.require(distributed=True)
-    _check_bool(nccl, "nccl")
+    use_nccl = _use_nccl(rt, nccl)
     _check_bool(in_place, "in_place")
+    if use_nccl:
+        check_op(op, allow_none=False)
+        variables, ids, single = _targets(rt, shared_vars)
+        _equal_shapes(variables, _all_shapes(rt, ids), "reduce")
+        results = _device_collective(rt, "reduce", ids, (op, rt.master_rank, in_place))
+        return None if in_place else _result(results, single)
     variables, _, single, results = _reduced(rt, shared_vars, op)
     if not in_place:
         return _result(results, single)
@@ -298,7 +352,12 @@ def all_reduce(shared_vars, op="avg", nccl=True):
     """Reduce each shared variable over all ranks and leave the result on every
     rank.  ``op`` as in ``reduce``."""
     rt = _runtime.require(distributed=True)
-    _check_bool(nccl, "nccl")
+    if _use_nccl(rt, nccl):
+        check_op(op, allow_none=False)
+        variables, ids, _ = _targets(rt, shared_vars)
+        _equal_shapes(variables, _all_shapes(rt, ids), "reduce")
+        _device_collective(rt, "all_reduce", ids, (op,))
+        return
     variables, ids, _, results = _reduced(rt, shared_vars, op)
     _set_all(rt, variables, ids, results)
 
@@ -343,12 +402,8 @@ def get_shapes(shared_vars):
     """Shapes of shared variable(s) on every rank: a list (one shape per rank),
     or a list of such lists for a list of variables."""
     rt = _runtime.require(distributed=True)
-    variables, ids, single = _targets(rt, shared_vars)
-    dev = rt.device
-    mine, replies = rt.request(Command.GET_SHAPES, ids,
-                               local=lambda: [tuple(dev.get_value(rt.shareds[i]).shape) for i in ids])
-    replies[rt.master_rank] = mine
-    per_var = [[replies[r][k] for r in range(rt.n_parallel)] for k in range(len(ids))]
+    _, ids, single = _targets(rt, shared_vars)
+    per_var = _all_shapes(rt, ids)
     return per_var[0] if single else per_var
 
 

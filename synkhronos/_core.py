@@ -58,6 +58,8 @@ class FunctionCore:
         self.sliceable = sliceable
         self.kwargs = kwargs
         self.in_dtypes = [np.dtype(v.dtype) for v in inputs]
+        # JAX needs static slice bounds: select rows of sliceable shareds by index there.
+        self.index_only = _is_jax_mode(kwargs.get("mode"))
         self.full_subset = tuple(range(len(outputs)))
         self._variants = {(self.full_subset, False, None): plain}
 
@@ -109,12 +111,31 @@ class FunctionCore:
 
     def prepare(self, subset, num_slices, share_sel):
         """Compile the variant a call with these arguments will most likely use."""
-        sliced = num_slices > 1 and (self.n_scatter or self.sliceable)
-        if sliced:
-            kind = None if not self.sliceable else ("index" if isinstance(share_sel, np.ndarray) else "slice")
-            self.variant(subset, bool(self.updates), kind)
+        if num_slices > 1 and (self.n_scatter or self.sliceable):
+            self.variant(subset, bool(self.updates), self._sliced_kind(share_sel))
         else:
-            self.variant(subset, False, _share_args(share_sel, None)[0])
+            self.variant(subset, False, self._share_args(share_sel, None)[0])
+
+    def _sliced_kind(self, share_sel):
+        if not self.sliceable:
+            return None
+        return "index" if self.index_only or isinstance(share_sel, np.ndarray) else "slice"
+
+    def _share_args(self, share_sel, part):
+        """Extra inputs that select rows of the sliceable shared variables."""
+        if share_sel is None and part is None:
+            return None, []
+        if share_sel is None:
+            sel = slice(*part)
+        elif part is None:
+            sel = share_sel
+        else:
+            sel = sub_selection(share_sel, *part)
+        if isinstance(sel, slice) and not self.index_only:
+            return "slice", [np.asarray(sel.start, dtype=np.int64), np.asarray(sel.stop, dtype=np.int64)]
+        if isinstance(sel, slice):
+            sel = np.arange(sel.start, sel.stop)
+        return "index", [np.ascontiguousarray(sel, dtype=np.int64)]
 
     # ----------------------------------------------------------------- execution
     def _fit(self, arrays):
@@ -135,11 +156,13 @@ class FunctionCore:
             check_selection_fits(share_sel, n, "sliceable shared variable %s" % s)
         return selection_length(share_sel)
 
-    def run_local(self, scattered, bcast, share_sel, subset, num_slices):
+    def run_local(self, device, scattered, bcast, share_sel, subset, num_slices):
         """Run this rank's share of a call.
 
         Parameters
         ----------
+        device : device layer
+            Sets the accumulated updates of a sliced call.
         scattered : list of (array, selection or None)
             Each scattered input with the rows this rank uses.
         bcast : list of array
@@ -175,17 +198,15 @@ class FunctionCore:
             return 0, None
         slices = min(num_slices, weight)
         if slices == 1:
-            kind, share_args = _share_args(share_sel, None)
+            kind, share_args = self._share_args(share_sel, None)
             ins = [take_rows(a, sel) for a, sel in scattered] + list(bcast)
             ins = self._fit(ins) + share_args
             return weight, self.variant(subset, False, kind)(*ins)
-        return weight, self._run_sliced(scattered, bcast, share_sel, subset, weight, slices)
+        return weight, self._run_sliced(device, scattered, bcast, share_sel, subset, weight, slices)
 
-    def _run_sliced(self, scattered, bcast, share_sel, subset, length, slices):
+    def _run_sliced(self, device, scattered, bcast, share_sel, subset, length, slices):
         accumulate = bool(self.updates)
-        kind = "index" if isinstance(share_sel, np.ndarray) else "slice"
-        if not self.sliceable:
-            kind = None
+        kind = self._sliced_kind(share_sel)
         fn = self.variant(subset, accumulate, kind)
         out_accs = [Accumulator(self.output_modes[i]) for i in subset]
         upd_accs = [Accumulator(m) for m in self.update_modes] if accumulate else []
@@ -196,28 +217,21 @@ class FunctionCore:
                 ins.append(take_rows(a, part))
             ins = self._fit(ins + list(bcast))
             if kind is not None:
-                ins += _share_args(share_sel, (start, stop))[1]
+                ins += self._share_args(share_sel, (start, stop))[1]
             results = fn(*ins)
             for acc, r in zip(out_accs + upd_accs, results):
                 acc.add(r, stop - start)
         for (var, _), acc in zip(self.updates if accumulate else (), upd_accs):
-            var.set_value(_combine_slices(acc), borrow=True)
+            device.set_value(var, _combine_slices(acc))
         return [_combine_slices(acc) for acc in out_accs]
 
 
-def _share_args(share_sel, part):
-    """Extra inputs that select rows of the sliceable shared variables."""
-    if share_sel is None and part is None:
-        return None, []
-    if share_sel is None:
-        sel = slice(*part)
-    elif part is None:
-        sel = share_sel
-    else:
-        sel = sub_selection(share_sel, *part)
-    if isinstance(sel, slice):
-        return "slice", [np.asarray(sel.start, dtype=np.int64), np.asarray(sel.stop, dtype=np.int64)]
-    return "index", [np.ascontiguousarray(sel, dtype=np.int64)]
+def _is_jax_mode(mode):
+    if mode is None:
+        return False
+    if isinstance(mode, str):
+        return mode.upper() == "JAX"
+    return type(getattr(mode, "linker", None)).__name__ == "JAXLinker"
 
 
 def _combine_slices(acc):

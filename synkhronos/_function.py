@@ -165,6 +165,7 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
             raise ValueError("sliceable shared variable %r is not used in the function" % (s,))
         if s.ndim == 0:
             raise TypeError("sliceable shared variable %r is 0-d and cannot be sliced" % (s,))
+    kwargs = rt.device.function_kwargs(kwargs)
     plain = pytensor.function(scat + bcast, list(out_vars), updates=update_pairs,
                               givens=given_pairs, **kwargs)
     core = FunctionCore(len(rt.functions), plain, scat + bcast, len(scat), out_vars, out_modes,
@@ -384,7 +385,7 @@ class Function:
         m = rt.master_rank
 
         def local():
-            return core.run_local([(d.data, s) for d, s in zip(scat, rank_scat[m])],
+            return core.run_local(rt.device, [(d.data, s) for d, s in zip(scat, rank_scat[m])],
                                   [d.data for d in bcast], share_sels[m], subset, num_slices)
 
         # Compile a new variant here first: workers then load it from PyTensor's warm cache

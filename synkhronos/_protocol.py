@@ -31,6 +31,8 @@ class Command(enum.IntEnum):
     SEND_SHAREDS = 5  # return values of shared variables
     SET_SHAREDS = 6  # overwrite values of shared variables
     GET_SHAPES = 7  # return shapes of shared variables
+    NCCL_INIT = 8  # join the NCCL communicator
+    NCCL = 9  # run a device collective on shared variables
 
 
 def ok(result=None):

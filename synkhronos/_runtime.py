@@ -162,6 +162,11 @@ class Runtime:
         deadline = time.monotonic() + _READY_TIMEOUT
         for w in self.workers.values():
             self._await_ready(w, deadline)
+        if self.device.nccl:
+            uid = self.device.new_uid()
+            m = self.master_rank
+            self.request(Command.NCCL_INIT, uid,
+                         local=lambda: self.device.init_comm(self.n_parallel, m, uid))
 
     def _await_ready(self, w, deadline):
         while True:
@@ -265,7 +270,10 @@ class Runtime:
     # ----------------------------------------------------------------- lifecycle
     def distribute(self):
         payload = pickle.dumps((self.functions_cores(), self.shareds), protocol=pickle.HIGHEST_PROTOCOL)
-        self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False), payload))
+        self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False), payload),
+                     local=lambda: self.device.place_shareds(self.shareds))
+        if self.device.nccl:
+            self.device.numpy_interface(self.shareds)
         self.distributed = True
 
     def forget_segment(self, name):
@@ -310,15 +318,22 @@ class Runtime:
         self.datas.clear()
         self.exchange.close()
         self.cache.clear()
+        self.device.close()
         _shmem.unlink_session(self.token)
 
 
 def default_device(use_gpu):
     """The device layer for ``use_gpu`` (None: GPUs if present, else CPU)."""
-    if use_gpu:
-        raise RuntimeError(
-            "GPU workers are not available in this version of Synkhronos; "
-            "use synkhronos.fork(use_gpu=False) for CPU workers"
-        )
-    return cpu.CpuDevice()
+    if use_gpu is False:
+        return cpu.CpuDevice()
+    from ._devices import gpu
+
+    stack = gpu.gpu_stack_available()
+    ids = gpu.visible_gpus() if stack or use_gpu else []
+    if stack and ids:
+        return gpu.GpuDevice(ids)
+    if use_gpu is None:
+        return cpu.CpuDevice()
+    why = "no GPU was found" if not ids else "JAX and CuPy are not installed (pip install synkhronos[gpu])"
+    raise RuntimeError("use_gpu=True but %s; use synkhronos.fork(use_gpu=False) for CPU workers" % why)
 

@@ -23,11 +23,17 @@ __all__ = ["main"]
 
 class _WorkerState:
     def __init__(self, config):
-        from ._devices import cpu
-
         self.rank = config["rank"]
         self.token = config["token"]
-        self.device = cpu.CpuDevice()
+        self.n_parallel = config["n_parallel"]
+        if config["device"] == "gpu":
+            from ._devices import gpu
+
+            self.device = gpu.GpuDevice(gpu_ids=[])
+        else:
+            from ._devices import cpu
+
+            self.device = cpu.CpuDevice()
         self.exchange = ExchangeBuffer(self.token, self.rank)
         self.cache = _shmem.SegmentCache()
         self.cores = None
@@ -42,6 +48,7 @@ class _WorkerState:
         return self.shareds[ID]
 
     def close(self):
+        self.device.close()
         self.exchange.close()
         self.cache.clear()
 
@@ -62,12 +69,14 @@ def _distribute(state, payload):
         if str(getattr(pytensor.config, name)) != value:
             setattr(pytensor.config, name, value)
     state.cores, state.shareds = pickle.loads(blob)
+    state.device.place_shareds(state.shareds)
 
 
 def _call(state, payload):
     fn_id, scattered, bcast, share_sel, subset, num_slices = payload
     view = state.cache.view
     weight, outputs = state.cores[fn_id].run_local(
+        state.device,
         [(view(ref), sel) for ref, sel in scattered],
         [view(ref) for ref in bcast],
         share_sel, subset, num_slices,
@@ -97,7 +106,18 @@ def _get_shapes(state, ids):
     return [tuple(state.device.get_value(state.shared(i)).shape) for i in ids]
 
 
+def _nccl_init(state, uid):
+    state.device.init_comm(state.n_parallel, state.rank, uid)
+
+
+def _nccl(state, payload):
+    op, ids, args = payload
+    return getattr(state.device, "nccl_" + op)([state.shared(i) for i in ids], *args)
+
+
 _HANDLERS = {
+    Command.NCCL_INIT: _nccl_init,
+    Command.NCCL: _nccl,
     Command.DISTRIBUTE: _distribute,
     Command.CALL: _call,
     Command.MAP_DATA: _map_data,

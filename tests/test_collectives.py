@@ -14,10 +14,9 @@ def close(a, b):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["n2", "n3"])
-def env(request):
-    n = request.param
-    synk.fork(n, use_gpu=False, master_rank=n - 1 if n == 3 else 0)
+def make_env(n, use_gpu, master_rank=0):
+    """Fork ``n`` ranks, build a function using every shared variable, distribute."""
+    synk.fork(n, use_gpu=use_gpu, master_rank=master_rank)
     fx = pytensor.config.floatX
     ns = types.SimpleNamespace(n=n, fx=fx, rng=np.random.default_rng(7))
     ns.a = pytensor.shared(np.zeros((5, 3), dtype=fx), name="a")
@@ -27,7 +26,13 @@ def env(request):
     ns.unused = pytensor.shared(np.zeros(2, dtype=fx), name="unused")
     synk.function([], outputs=ns.a.sum() + ns.b.sum() + ns.big.sum() + ns.c)
     synk.distribute()
-    yield ns
+    return ns
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["n2", "n3"])
+def env(request):
+    n = request.param
+    yield make_env(n, use_gpu=False, master_rank=n - 1 if n == 3 else 0)
     synk.close()
 
 

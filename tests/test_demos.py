@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from synkhronos._devices.gpu import gpu_stack_available, visible_gpus
+
 DEMOS = Path(__file__).resolve().parent.parent / "demos"
 TIMEOUT = 300  # seconds; a demo takes a few seconds with mode=FAST_COMPILE
 
@@ -26,6 +28,10 @@ def test_demo(number, n):
     assert "passed" in proc.stdout, proc.stdout + proc.stderr
 
 
+_HAS_GPUS = gpu_stack_available() and bool(visible_gpus())
+
+
+@pytest.mark.skipif(_HAS_GPUS, reason="GPUs here: tests/gpu runs the demos with --gpu")
 def test_demo_gpu_flag_fails_clearly():
     proc = run_demo(1, "--gpu")
     assert proc.returncode != 0

@@ -18,10 +18,9 @@ def close(a, b):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["n2", "n3"])
-def env(request):
-    n = request.param
-    assert synk.fork(n, use_gpu=False) == n
+def make_env(n, use_gpu):
+    """Fork ``n`` ranks, build every function of this module, distribute."""
+    assert synk.fork(n, use_gpu=use_gpu) == n
     fx = pytensor.config.floatX
     rng = np.random.default_rng(n)
     ns = types.SimpleNamespace(n=n, fx=fx)
@@ -60,7 +59,12 @@ def env(request):
     ns.dx, ns.dy = ns.f.build_inputs(ns.x, ns.y)
     ns.dt = synk.data(ns.t, minibatch=True)
     ns.data_rows = rng.standard_normal((ROWS, 3)).astype(fx)
-    yield ns
+    return ns
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["n2", "n3"])
+def env(request):
+    yield make_env(request.param, use_gpu=False)
     synk.close()
 
 

@@ -23,6 +23,7 @@ class CpuDevice:
 
     name = "cpu"
     label = "CPU cores"
+    nccl = False
 
     def available(self):
         return usable_cores()
@@ -32,6 +33,19 @@ class CpuDevice:
         unless the user already fixed them."""
         threads = str(max(1, usable_cores() // n_parallel))
         return {v: os.environ.get(v, threads) for v in _THREAD_VARS}
+
+    def setup_master(self, rank):
+        """Nothing to set up: the master keeps its own threads."""
+
+    def function_kwargs(self, kwargs):
+        """PyTensor's default (CPU) linker, unless the user chose a mode."""
+        return kwargs
+
+    def place_shareds(self, shareds):
+        """Shared values stay where PyTensor keeps them."""
+
+    def close(self):
+        """Nothing to release."""
 
     def get_value(self, var):
         """The value of shared variable ``var`` on this rank, as numpy."""

@@ -157,16 +157,17 @@ def run_session(n, args, rng):
     import synkhronos as synk
 
     with _quiet():
-        synk.fork(n, use_gpu=False)
+        synk.fork(n, use_gpu=args.gpu)
+    mode = "JAX" if args.gpu else None  # the plain function runs where synk's do
     try:
         x = pt.matrix("x", dtype="float32")
         w = pytensor.shared(rng.standard_normal((32, 16)).astype("float32"), name="w")
         tiny_out = x.dot(w).mean()
         f_tiny = synk.function([x], outputs=tiny_out)
-        p_tiny = pytensor.function([x], tiny_out)
+        p_tiny = pytensor.function([x], tiny_out, mode=mode)
         xb = pt.matrix("xb", dtype="float32")
         f_sum = synk.function([xb], outputs=(xb.sum(), "sum"))
-        p_sum = pytensor.function([xb], xb.sum())
+        p_sum = pytensor.function([xb], xb.sum(), mode=mode)
         with _quiet():
             synk.distribute()
 
@@ -418,6 +419,7 @@ def _parse(argv=None):
                    % (d["mem_calls"], q["mem_calls"]))
     p.add_argument("--parts", default="abc", help="which parts to run, e.g. 'ac' [abc]")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu", action="store_true", help="GPU ranks (JAX mode) instead of CPU workers")
     p.add_argument("--quick", action="store_true", help="small, fast settings for a smoke run")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/call_overhead.json)")
     p.add_argument("--_memory-child", dest="memory_child", action="store_true", help=argparse.SUPPRESS)

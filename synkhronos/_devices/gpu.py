@@ -21,13 +21,18 @@ import numpy as np
 __all__ = ["GpuDevice", "visible_gpus", "gpu_stack_available"]
 
 _JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+_SAVED_IDS = "SYNK_GPU_IDS"  # the GPUs the master could see before fork() narrowed it
 # NVLink multicast stays off: NCCL's NVLS can take a shared host's GPUs out of service.
 _NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 
 def visible_gpus():
     """Identifiers of the GPUs this process may use (CUDA_VISIBLE_DEVICES or
-    ``nvidia-smi -L``), without starting CUDA here."""
+    ``nvidia-smi -L``), without starting CUDA here.  After a ``fork()`` narrowed
+    this process to its own GPU, the list from before."""
+    saved = os.environ.get(_SAVED_IDS)
+    if saved is not None:
+        return [d for d in saved.split(",") if d]
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1"]
@@ -82,24 +87,26 @@ class GpuDevice:
         return env
 
     def worker_env(self, rank, n_parallel):
-        env = self._env(rank)
-        env["SYNK_GPU_IDS"] = ",".join(self.gpu_ids)
-        return env
+        return self._env(rank)
 
     def setup_master(self, rank):
         """Make the master process see only its own GPU, before JAX starts."""
-        jax_mod = sys.modules.get("jax")
-        if jax_mod is not None:
+        started = False
+        if "jax" in sys.modules:
             try:
                 from jax._src import xla_bridge
 
                 started = bool(xla_bridge._backends)
             except Exception:
                 started = False
-            if started:
-                raise RuntimeError(
-                    "JAX already started its GPU backend in this process: call synkhronos.fork() "
-                    "before running anything with JAX (importing it is fine)")
+        mine = self.gpu_ids[rank]
+        if started and os.environ.get("CUDA_VISIBLE_DEVICES") != mine:
+            raise RuntimeError(
+                "JAX already runs in this process on GPU %s, so the master cannot use GPU %s "
+                "(master_rank=%d): call synkhronos.fork() before running anything with JAX "
+                "(importing it is fine), or keep the same master_rank"
+                % (os.environ.get("CUDA_VISIBLE_DEVICES", "all"), mine, rank))
+        os.environ.setdefault(_SAVED_IDS, ",".join(self.gpu_ids))
         os.environ.update(self._env(rank))
 
     # ------------------------------------------------------------------ values

@@ -124,3 +124,29 @@ def test_demos_with_gpu_flag(demo):
                            "--n", "2"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "passed" in proc.stdout
+
+
+MASTER_1 = """
+import numpy as np
+import pytensor
+import synkhronos as synk
+
+synk.fork(2, use_gpu=True, master_rank=1)
+a = pytensor.shared(np.zeros((3, 2), dtype="float32"), name="a")
+synk.function([], outputs=a.sum())
+synk.distribute()
+v = [np.full((3, 2), r + 1, dtype="float32") for r in range(2)]
+for r in range(2):
+    synk.set_value(r, a, v[r])
+assert np.allclose(synk.gather(a, nd_up=0), np.concatenate(v))
+assert np.allclose(synk.reduce(a, op="sum", in_place=False), v[0] + v[1])
+synk.all_reduce(a, op="avg")
+assert np.allclose(synk.get_value(0, a), 1.5) and np.allclose(a.get_value(), 1.5)
+synk.broadcast(a, np.ones((4, 2), dtype="float32"))
+assert synk.get_shapes(a) == [(4, 2), (4, 2)]
+print("master_rank=1 passed")
+"""
+
+
+def test_master_rank_1(tmp_path):
+    assert "master_rank=1 passed" in _run(MASTER_1, tmp_path)

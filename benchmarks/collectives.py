@@ -16,14 +16,15 @@ import os
 import time
 
 import numpy as np
-
 from _common import default_out, machine_info, median, print_machine, table, write_json
 
 OPS = ("all_reduce", "broadcast", "all_gather")
 
 
-def _bus_factor(op, n):
-    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "all_gather": (n - 1) / n}[op]
+def _busbw(op, n, nbytes, seconds):
+    """Bus bandwidth in GB/s, as nccl-tests defines it."""
+    factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "all_gather": (n - 1) / n}[op]
+    return nbytes / seconds * factor / 1e9
 
 
 def _raw_worker(rank, n, gpu, uid, sizes, iters, conn):
@@ -40,14 +41,7 @@ def _raw_worker(rank, n, gpu, uid, sizes, iters, conn):
         x = cupy.ones(count, dtype=cupy.float32)
         y = cupy.empty_like(x)
         g = cupy.empty(count * n, dtype=cupy.float32)
-        calls = {
-            "all_reduce": lambda: comm.allReduce(x.data.ptr, y.data.ptr, count, nccl.NCCL_FLOAT32,
-                                                 nccl.NCCL_SUM, stream.ptr),
-            "broadcast": lambda: comm.bcast(x.data.ptr, count, nccl.NCCL_FLOAT32, 0, stream.ptr),
-            "all_gather": lambda: comm.allGather(x.data.ptr, g.data.ptr, count, nccl.NCCL_FLOAT32,
-                                                 stream.ptr),
-        }
-        for op, call in calls.items():
+        for op, call in _raw_calls(nccl, comm, stream, x, y, g, count).items():
             for _ in range(3):
                 call()
             stream.synchronize()
@@ -66,6 +60,15 @@ def _raw_worker(rank, n, gpu, uid, sizes, iters, conn):
         del x, y, g
         cupy.get_default_memory_pool().free_all_blocks()
     conn.send(out)
+
+
+def _raw_calls(nccl, comm, stream, x, y, g, count):
+    f32 = nccl.NCCL_FLOAT32
+    return {
+        "all_reduce": lambda: comm.allReduce(x.data.ptr, y.data.ptr, count, f32, nccl.NCCL_SUM, stream.ptr),
+        "broadcast": lambda: comm.bcast(x.data.ptr, count, f32, 0, stream.ptr),
+        "all_gather": lambda: comm.allGather(x.data.ptr, g.data.ptr, count, f32, stream.ptr),
+    }
 
 
 def raw_nccl(n, gpus, sizes, iters):
@@ -156,10 +159,10 @@ def main(argv=None):
         for nb in sizes:
             piped, synced = raw[(op, nb)]
             st = synk_t[(op, nb)]
-            bytes_moved = nb * (n if op == "all_gather" else 1)
-            bus = lambda t: bytes_moved / t * _bus_factor(op, n) / 1e9  # noqa: E731
+            moved = nb * (n if op == "all_gather" else 1)
             rec = dict(op=op, mb=nb / 2**20, raw_ms=piped * 1e3, raw_synced_ms=synced * 1e3,
-                       synk_ms=st * 1e3, raw_busbw=bus(piped), synk_busbw=bus(st),
+                       synk_ms=st * 1e3, raw_busbw=_busbw(op, n, moved, piped),
+                       synk_busbw=_busbw(op, n, moved, st),
                        ratio=piped / st, ratio_synced=synced / st)
             records.append(rec)
             target = "" if nb < 64 * 2**20 else ("PASS" if rec["ratio"] >= 0.95 else "FAIL")

@@ -17,7 +17,6 @@ import sys
 import time
 
 import numpy as np
-
 from _common import default_out, machine_info, median, print_machine, table, write_json
 
 

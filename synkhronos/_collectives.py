@@ -6,9 +6,10 @@ Naming rule (as in MPI): ``X`` acts toward or from the master (rank
 shared variable or a list/tuple of them, and returns one result or a tuple.
 ``nccl=True`` means "use the device collective when there is one": on GPU workers
 ``broadcast``, ``gather``, ``all_gather``, ``reduce`` and ``all_reduce`` run over
-NCCL (after checking shapes across ranks, so that unequal shapes are never
-corrupted), while ``scatter``, ``set_value`` and ``get_value`` move host data
-through shared memory.  CPU workers always use shared memory.
+NCCL.  The ranks first exchange their shapes over NCCL, so that all of them see
+unequal shapes and raise together instead of corrupting data or hanging.
+``scatter``, ``set_value`` and ``get_value`` move host data through shared
+memory.  CPU workers always use shared memory.
 """
 
 import numbers
@@ -162,7 +163,7 @@ def _all_shapes(rt, ids):
     """Shapes of shared variables ``ids`` on every rank: ``[var][rank]``."""
     dev = rt.device
     mine, replies = rt.request(Command.GET_SHAPES, ids,
-                               local=lambda: [tuple(dev.get_value(rt.shareds[i]).shape) for i in ids])
+                               local=lambda: [dev.shape(rt.shareds[i]) for i in ids])
     replies[rt.master_rank] = mine
     return [[tuple(replies[r][k]) for r in range(rt.n_parallel)] for k in range(len(ids))]
 
@@ -260,7 +261,7 @@ def gather(shared_vars, nd_up=1, nccl=True):
         raise ValueError("nd_up must be 0 or 1, got %r" % (nd_up,))
     variables, ids, single = _targets(rt, shared_vars)
     if use_nccl:
-        per_var = _device_collective(rt, "gather", ids, (rt.master_rank, _all_shapes(rt, ids)))
+        per_var = _device_collective(rt, "gather", ids, (rt.master_rank,))
         arrays = {r: [per_var[k][r] for k in range(len(ids))] for r in range(rt.n_parallel)}
     else:
         arrays = _gather_arrays(rt, ids)
@@ -291,12 +292,7 @@ def all_gather(shared_vars, nccl=True):
     use_nccl = _use_nccl(rt, nccl)
     variables, ids, _ = _targets(rt, shared_vars)
     if use_nccl:
-        shapes = _all_shapes(rt, ids)
-        for var, per_rank in zip(variables, shapes):
-            if len(per_rank[0]) == 0 or len({s[1:] for s in per_rank}) > 1:
-                raise ValueError("cannot concatenate values of %s with shapes %s along axis 0"
-                                 % (var, per_rank))
-        _device_collective(rt, "all_gather", ids, (shapes,))
+        _device_collective(rt, "all_gather", ids, ())
         return
     arrays = _gather_arrays(rt, ids)
     joined = [_join([arrays[r][k] for r in range(rt.n_parallel)], 0, var) for k, var in enumerate(variables)]
@@ -337,7 +333,6 @@ def reduce(shared_vars, op="avg", in_place=True, nccl=True):
     if use_nccl:
         check_op(op, allow_none=False)
         variables, ids, single = _targets(rt, shared_vars)
-        _equal_shapes(variables, _all_shapes(rt, ids), "reduce")
         results = _device_collective(rt, "reduce", ids, (op, rt.master_rank, in_place))
         return None if in_place else _result(results, single)
     variables, _, single, results = _reduced(rt, shared_vars, op)
@@ -355,7 +350,6 @@ def all_reduce(shared_vars, op="avg", nccl=True):
     if _use_nccl(rt, nccl):
         check_op(op, allow_none=False)
         variables, ids, _ = _targets(rt, shared_vars)
-        _equal_shapes(variables, _all_shapes(rt, ids), "reduce")
         _device_collective(rt, "all_reduce", ids, (op,))
         return
     variables, ids, _, results = _reduced(rt, shared_vars, op)

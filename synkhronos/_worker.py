@@ -103,7 +103,7 @@ def _set_shareds(state, items):
 
 
 def _get_shapes(state, ids):
-    return [tuple(state.device.get_value(state.shared(i)).shape) for i in ids]
+    return [state.device.shape(state.shared(i)) for i in ids]
 
 
 def _nccl_init(state, uid):

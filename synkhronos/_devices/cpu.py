@@ -51,6 +51,10 @@ class CpuDevice:
         """The value of shared variable ``var`` on this rank, as numpy."""
         return np.asarray(var.get_value(borrow=True))
 
+    def shape(self, var):
+        """Shape of ``var``'s value on this rank."""
+        return tuple(np.shape(var.get_value(borrow=True)))
+
     def set_value(self, var, value):
         """Overwrite shared variable ``var`` on this rank with a private copy of
         ``value`` (which may be a view of memory another rank will reuse)."""

@@ -120,6 +120,10 @@ class GpuDevice:
         """Value of shared variable ``var`` on this rank, copied to the host."""
         return np.asarray(var.get_value(borrow=True, return_internal_type=True))
 
+    def shape(self, var):
+        """Shape of ``var``'s value on this rank (no copy)."""
+        return tuple(var.get_value(borrow=True, return_internal_type=True).shape)
+
     def set_value(self, var, value):
         """Put ``value`` (host or device array) on this GPU as ``var``'s value."""
         import jax
@@ -191,12 +195,37 @@ class GpuDevice:
         return {"avg": nccl.NCCL_SUM, "sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD,
                 "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}[op]
 
+    def _shape_table(self, var, x):
+        """Every rank's shape of ``var`` (its own is ``x.shape``), exchanged over NCCL
+        so that every rank sees the same table and decides the same way."""
+        import cupy
+        from cupy.cuda import nccl
+
+        width = 1 + max(var.ndim, 1)
+        mine = np.zeros(width, dtype=np.int64)
+        mine[0] = x.ndim
+        mine[1:1 + x.ndim] = x.shape
+        with self._stream:
+            send = cupy.asarray(mine)
+            recv = cupy.empty(width * self.n_parallel, dtype=cupy.int64)
+            self._comm.allGather(send.data.ptr, recv.data.ptr, width, nccl.NCCL_INT64, self._stream.ptr)
+            table = cupy.asnumpy(recv, stream=self._stream)
+        self._stream.synchronize()
+        rows = table.reshape(self.n_parallel, width)
+        return [tuple(int(d) for d in row[1:1 + row[0]]) for row in rows]
+
+    def _same_shapes(self, var, x, what):
+        shapes = self._shape_table(var, x)
+        if len(set(shapes)) > 1:
+            raise ValueError("cannot %s %s: its shapes differ between ranks: %s" % (what, var, shapes))
+
     def nccl_all_reduce(self, variables, op):
         import cupy
         from cupy.cuda import nccl
 
         for var in variables:
             x = self._cupy(var)
+            self._same_shapes(var, x, "reduce")
             with self._stream:
                 out = cupy.empty_like(x)
                 self._comm.allReduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
@@ -213,6 +242,7 @@ class GpuDevice:
         results = []
         for var in variables:
             x = self._cupy(var)
+            self._same_shapes(var, x, "reduce")
             with self._stream:
                 out = cupy.empty_like(x) if self.rank == root else x
                 self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
@@ -246,28 +276,25 @@ class GpuDevice:
                 self._to_var(var, out)
         self._stream.synchronize()
 
-    def nccl_gather(self, variables, root, shapes):
-        """Root receives every rank's value (``shapes[k][rank]``) by point-to-point
-        transfers; returns host arrays per variable, per rank, on root."""
+    def nccl_gather(self, variables, root):
+        """Root receives every rank's value by point-to-point transfers, sized by
+        the exchanged shapes; returns host arrays per variable, per rank, on root."""
         import cupy
         from cupy.cuda import nccl
 
         results = []
-        for k, var in enumerate(variables):
+        for var in variables:
             x = self._cupy(var)
+            shapes = self._shape_table(var, x)
             dt = _nccl_dtype(nccl, x.dtype)
             if self.rank == root:
-                bufs = []
+                with self._stream:
+                    bufs = [x if r == root else cupy.empty(shapes[r], dtype=x.dtype)
+                            for r in range(self.n_parallel)]
                 nccl.groupStart()
-                for r in range(self.n_parallel):
-                    if r == root:
-                        bufs.append(x)
-                        continue
-                    with self._stream:
-                        b = cupy.empty(shapes[k][r], dtype=x.dtype)
-                    if b.size:
+                for r, b in enumerate(bufs):
+                    if r != root and b.size:
                         self._comm.recv(b.data.ptr, b.size, dt, r, self._stream.ptr)
-                    bufs.append(b)
                 nccl.groupEnd()
                 self._stream.synchronize()
                 results.append([cupy.asnumpy(b) for b in bufs])
@@ -276,15 +303,19 @@ class GpuDevice:
         self._stream.synchronize()
         return results
 
-    def nccl_all_gather(self, variables, shapes):
+    def nccl_all_gather(self, variables):
         """Every rank's value becomes the concatenation (axis 0) of all ranks'
         values; unequal lengths are padded to the longest and trimmed after."""
         import cupy
         from cupy.cuda import nccl
 
-        for k, var in enumerate(variables):
+        for var in variables:
             x = self._cupy(var)
-            sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes[k]]
+            shapes = self._shape_table(var, x)
+            if x.ndim == 0 or len({s[1:] for s in shapes}) > 1:
+                raise ValueError("cannot concatenate values of %s with shapes %s along axis 0"
+                                 % (var, shapes))
+            sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
             width = max(sizes)
             with self._stream:  # copies, NCCL and slicing all in order on one stream
                 send = cupy.zeros(width, dtype=x.dtype)
@@ -292,7 +323,7 @@ class GpuDevice:
                 recv = cupy.empty(width * self.n_parallel, dtype=x.dtype)
                 self._comm.allGather(send.data.ptr, recv.data.ptr, width, _nccl_dtype(nccl, x.dtype),
                                      self._stream.ptr)
-                parts = [recv[r * width:r * width + sizes[r]].reshape(shapes[k][r])
+                parts = [recv[r * width:r * width + sizes[r]].reshape(shapes[r])
                          for r in range(self.n_parallel)]
                 joined = cupy.ascontiguousarray(cupy.concatenate(parts))
             self._to_var(var, joined)

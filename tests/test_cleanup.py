@@ -19,20 +19,21 @@ import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import pytest  # noqa: E402
+from _procs import SHM_DIR  # noqa: E402
+from _procs import proc_exists as _exists  # noqa: E402
+from _procs import proc_stat as _stat  # noqa: E402
+from _procs import segments as _segments  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
 
 F32 = "float32"
-SHM_DIR = "/dev/shm"
 START_S = 120.0  # for a script to get its session going (noisy, shared machine)
 ORPHAN_S = 10.0  # for workers of a killed master to clean up by themselves
 BIG_ROWS = 40000  # (40000, 3) float32 = 480 kB: outputs travel through shared memory
 
 
 # --------------------------------------------------------------------------- helpers
-def _segments(token):
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("synk_%s_" % token))
 
 
 def _semaphores(token):
@@ -41,26 +42,10 @@ def _semaphores(token):
                   if n.startswith("sem.") and (token in n or "synk" in n.lower()))
 
 
-def _stat(pid):
-    """(state, start time) of process ``pid``, or None if there is no such process."""
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[0], int(fields[19])
-
-
 def _running(pid, start):
     """Whether that very process still runs (a zombie has exited)."""
     st = _stat(pid)
     return st is not None and st[1] == start and st[0] not in "ZX"
-
-
-def _exists(pid, start):
-    """Whether that very process still exists, even as an unreaped zombie."""
-    st = _stat(pid)
-    return st is not None and st[1] == start
 
 
 def _shm_maps(pid):

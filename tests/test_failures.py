@@ -19,20 +19,20 @@ import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import pytest  # noqa: E402
+from _procs import SHM_DIR  # noqa: E402
+from _procs import proc_exists as _exists  # noqa: E402
+from _procs import proc_stat as _stat  # noqa: E402
+from _procs import segments as _segments  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
 
 F32 = "float32"
-SHM_DIR = "/dev/shm"
 GUARD_S = 30.0  # a call that takes longer than this is a hang
 PROMPT_S = 10.0  # a dead worker must be reported well within this
 
 
 # --------------------------------------------------------------------------- helpers
-def _segments(token):
-    """This session's shared-memory names."""
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("synk_%s_" % token))
 
 
 def _our_segments():
@@ -41,27 +41,10 @@ def _our_segments():
     return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n))
 
 
-def _stat(pid):
-    """(state, start time) of process ``pid``, or None if there is no such process."""
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[0], int(fields[19])
-
-
 def _worker_ids():
     """{rank: (pid, start time)} of the live session's workers."""
     rt = _runtime.current()
     return {r: (w.process.pid, _stat(w.process.pid)[1]) for r, w in rt.workers.items()}
-
-
-def _exists(pid, start):
-    """Whether that process still exists in any form (a zombie counts: our own
-    children must have been reaped)."""
-    st = _stat(pid)
-    return st is not None and st[1] == start
 
 
 def _worker_children():

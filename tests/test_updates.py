@@ -137,5 +137,5 @@ def test_rule_outputs():
 
 def test_make_train_step_needs_inputs():
     x, y, params, loss = model(np.random.default_rng(0))
-    with pytest.raises(TypeError, match="scattered input"):
+    with pytest.raises(TypeError, match="sliceable shared"):
         train.make_train_step([], loss, params)

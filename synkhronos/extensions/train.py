@@ -38,7 +38,8 @@ class TrainStep:
         return loss
 
 
-def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, **rule_kwargs):
+def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, sliceable_shareds=None,
+                    **rule_kwargs):
     """Build a data-parallel training step.  Call before ``synkhronos.distribute()``.
 
     Parameters
@@ -52,6 +53,10 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
         An update rule of ``synkhronos.extensions.updates`` (default ``sgd``).
     bcast_inputs : list of Variable, optional
         Inputs used whole on every rank.
+    sliceable_shareds : list of SharedVariable, optional
+        Data held in shared variables on each rank (scattered once), selected
+        with ``batch_s=`` when the step is called.  The first one gives the row
+        count when ``inputs`` is empty.
     **rule_kwargs
         Passed to ``rule`` (``learning_rate=...``).
 
@@ -62,18 +67,20 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
     Raises
     ------
     TypeError
-        If ``inputs`` is empty (there are no rows to split).
+        If there are neither ``inputs`` nor ``sliceable_shareds`` (no rows to split).
     """
     inputs = list(inputs)
-    if not inputs:
-        raise TypeError("make_train_step needs at least one scattered input, got %r" % (inputs,))
+    sliceable = list(sliceable_shareds or [])
+    if not inputs and not sliceable:
+        raise TypeError("make_train_step needs a scattered input or a sliceable shared variable, "
+                        "got inputs=%r" % (inputs,))
     fx = pytensor.config.floatX
     scale = pt.scalar("grad_scale", dtype=fx)
     _, param_updates, grad_shared = rule(loss, params, grad_scale=scale, **rule_kwargs)
-    rows = pt.cast(inputs[0].shape[0], fx)
+    rows = pt.cast((inputs or sliceable)[0].shape[0], fx)
     # Gradient of the summed loss (slices add up), so that ranks with more rows count more.
     summed = _updates.flat_gradient(loss, params) * rows
     grad_fn = _function.function(inputs, outputs=[loss, (rows, "sum")], bcast_inputs=bcast_inputs,
-                                 updates=[(grad_shared, summed, "sum")])
+                                 updates=[(grad_shared, summed, "sum")], sliceable_shareds=sliceable or None)
     update_fn = _function.function([], bcast_inputs=[scale], updates=param_updates)
     return TrainStep(grad_fn, update_fn, grad_shared, data(np.asarray(0, dtype=fx)))

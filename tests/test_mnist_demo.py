@@ -1,0 +1,61 @@
+"""The MNIST MLP demo trains to >= 95% test accuracy on the bundled digits, in both
+data patterns, on 2 CPU ranks."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEMO = Path(__file__).resolve().parent.parent / "demos" / "mnist" / "train_mlp.py"
+
+
+@pytest.mark.parametrize("pattern", ["cpu_data", "gpu_data"])
+def test_mlp_reaches_95_percent(pattern):
+    env = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
+    proc = subprocess.run([sys.executable, str(DEMO), "--n", "2", "--pattern", pattern], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = re.search(r"Summary: .* test accuracy ([0-9.]+)", proc.stdout)
+    assert summary, proc.stdout[-2000:]
+    assert float(summary.group(1)) >= 0.95
+
+
+def test_help():
+    proc = subprocess.run([sys.executable, str(DEMO), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--data-dir" in proc.stdout and "--pattern" in proc.stdout
+
+
+def _write_idx(path, array, compress):
+    import gzip
+    import struct
+
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    opener = gzip.open if compress else open
+    with opener(str(path), "wb") as f:
+        f.write(header + array.astype("uint8").tobytes())
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_idx_files_are_read(tmp_path, compress):
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("train_mlp", DEMO)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (12, 28, 28))
+    labels = rng.integers(0, 10, 12)
+    suffix = ".gz" if compress else ""
+    for name, arr in [("train-images-idx3-ubyte", images), ("train-labels-idx1-ubyte", labels),
+                      ("t10k-images-idx3-ubyte", images[:5]), ("t10k-labels-idx1-ubyte", labels[:5])]:
+        _write_idx(tmp_path / (name + suffix), arr, compress)
+    x_tr, y_tr, x_va, y_va, x_te, y_te, name = demo.load_data(str(tmp_path), 0)
+    assert name == "MNIST" and x_tr.shape == (12, 784) and x_te.shape == (5, 784)
+    np.testing.assert_allclose(x_tr, images.reshape(12, 784) / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(y_tr, labels)
+    np.testing.assert_array_equal(y_te, labels[:5])

@@ -144,7 +144,8 @@ class FunctionCore:
         return [a if a.dtype == dt else a.astype(dt) for a, dt in zip(arrays, self.in_dtypes)]
 
     def _share_length(self, share_sel, need_equal):
-        lengths = [s.get_value(borrow=True).shape[0] for s in self.sliceable]
+        # The internal value: on GPU ranks this is the device array, so no copy.
+        lengths = [s.get_value(borrow=True, return_internal_type=True).shape[0] for s in self.sliceable]
         if share_sel is None:
             if need_equal and len(set(lengths)) > 1:
                 raise ValueError(

@@ -1,5 +1,5 @@
-"""The MNIST MLP demo trains to >= 95% test accuracy on the bundled digits, in both
-data patterns, on 2 CPU ranks."""
+"""The MNIST demo trains to >= 95% test accuracy on the bundled digits (MLP in both
+data patterns, CNN), on 2 CPU ranks."""
 
 import os
 import re
@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-DEMO = Path(__file__).resolve().parent.parent / "demos" / "mnist" / "train_mlp.py"
+DEMO = Path(__file__).resolve().parent.parent / "demos" / "mnist" / "train_mnist.py"
 
 
-@pytest.mark.parametrize("pattern", ["cpu_data", "gpu_data"])
-def test_mlp_reaches_95_percent(pattern):
+@pytest.mark.parametrize("model,pattern,epochs", [("mlp", "cpu_data", 30), ("mlp", "gpu_data", 30),
+                                                  ("cnn", "cpu_data", 15)])
+def test_reaches_95_percent(model, pattern, epochs):
     env = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
-    proc = subprocess.run([sys.executable, str(DEMO), "--n", "2", "--pattern", pattern], env=env,
+    proc = subprocess.run([sys.executable, str(DEMO), "--n", "2", "--pattern", pattern, "--model", model,
+                           "--epochs", str(epochs)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = re.search(r"Summary: .* test accuracy ([0-9.]+)", proc.stdout)
@@ -44,7 +46,7 @@ def test_idx_files_are_read(tmp_path, compress):
 
     import numpy as np
 
-    spec = importlib.util.spec_from_file_location("train_mlp", DEMO)
+    spec = importlib.util.spec_from_file_location("train_mnist", DEMO)
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
     rng = np.random.default_rng(0)

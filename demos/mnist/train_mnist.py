@@ -1,4 +1,4 @@
-"""Train an MLP classifier on handwritten digits with Synkhronos, data-parallel.
+"""Train an MLP or a CNN classifier on handwritten digits with Synkhronos, data-parallel.
 
 Two data patterns, as the original Synkhronos demos describe:
 
@@ -26,7 +26,7 @@ import pytensor.tensor as pt
 from tqdm import tqdm
 
 import synkhronos as synk
-from synkhronos.extensions import train, updates
+from synkhronos.extensions import nnet, train, updates
 
 RULES = {name: getattr(updates, name) for name in
          ("sgd", "momentum", "nesterov_momentum", "adagrad", "rmsprop", "adadelta", "adam", "adamax")}
@@ -93,6 +93,28 @@ def build_mlp(n_in, hidden, n_out, rng):
     return params, log_probs
 
 
+def build_cnn(side, n_out, rng):
+    """Two conv (3x3, 'same') + ReLU + 2x2 max-pool blocks and a dense layer."""
+    fx = pytensor.config.floatX
+
+    def shared(shape, name, scale):
+        return pytensor.shared((rng.standard_normal(shape) * scale).astype(fx), name=name, shape=shape)
+
+    w1, w2 = shared((16, 1, 3, 3), "C1", np.sqrt(2 / 9)), shared((32, 16, 3, 3), "C2", np.sqrt(2 / 144))
+    flat = 32 * (side // 4) ** 2
+    w3 = shared((flat, n_out), "W", np.sqrt(1 / flat))
+    b3 = pytensor.shared(np.zeros(n_out, fx), name="b", shape=(n_out,))
+
+    def log_probs(x):
+        h = x.reshape((x.shape[0], 1, side, side))
+        for w in (w1, w2):
+            h = nnet.max_pool2d(pt.maximum(nnet.conv2d(h, w, padding="same"), 0), 2)
+        logits = h.reshape((h.shape[0], flat)).dot(w3) + b3
+        return logits - pt.logsumexp(logits, axis=1, keepdims=True)
+
+    return [w1, w2, w3, b3], log_probs
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=None,
@@ -102,7 +124,8 @@ def main(argv=None):
     p.add_argument("--gpu", action="store_true", help="use GPU workers")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=64, help="rows per step over all ranks")
-    p.add_argument("--hidden", default="256,256", help="hidden layer sizes")
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--hidden", default="256,256", help="MLP hidden layer sizes")
     p.add_argument("--rule", choices=sorted(RULES), default="adam")
     p.add_argument("--learning-rate", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -113,7 +136,10 @@ def main(argv=None):
     x_tr, y_tr, x_va, y_va, x_te, y_te, name = load_data(args.data_dir, args.seed)
     n_classes = 10
     onehot = np.eye(n_classes, dtype=pytensor.config.floatX)
-    params, log_probs = build_mlp(x_tr.shape[1], [int(h) for h in args.hidden.split(",")], n_classes, rng)
+    if args.model == "cnn":
+        params, log_probs = build_cnn(int(round(np.sqrt(x_tr.shape[1]))), n_classes, rng)
+    else:
+        params, log_probs = build_mlp(x_tr.shape[1], [int(h) for h in args.hidden.split(",")], n_classes, rng)
 
     x, y = pt.matrix("x"), pt.matrix("y")
     if args.pattern == "cpu_data":
@@ -137,8 +163,8 @@ def main(argv=None):
         synk.scatter([sx, sy], [x_tr, onehot[y_tr]])  # once; each rank keeps its part
         local = synk.get_lengths(sx)
     steps_per_epoch = max(1, len(x_tr) // args.batch_size)
-    print("%s: %d train / %d val / %d test rows, %d ranks, pattern %s, rule %s"
-          % (name, len(x_tr), len(x_va), len(x_te), n, args.pattern, args.rule))
+    print("%s: %d train / %d val / %d test rows, %d ranks, %s, pattern %s, rule %s"
+          % (name, len(x_tr), len(x_va), len(x_te), n, args.model, args.pattern, args.rule))
     t0 = time.time()
     bar = tqdm(range(args.epochs), desc="epochs", unit="epoch")
     for _ in bar:
@@ -154,8 +180,8 @@ def main(argv=None):
         val = float(accuracy(*d_va, num_slices=2))
         bar.set_postfix(loss="%.4f" % np.mean(losses), val_acc="%.4f" % val)
     test = float(accuracy(*d_te, num_slices=2))
-    print("Summary: %s, %d epochs in %.1f s on %d ranks: validation accuracy %.4f, test accuracy %.4f"
-          % (name, args.epochs, time.time() - t0, n, val, test))
+    print("Summary: %s %s, %d epochs in %.1f s on %d ranks: validation accuracy %.4f, test accuracy %.4f"
+          % (name, args.model, args.epochs, time.time() - t0, n, val, test))
     synk.close()
     return test
 

@@ -1,0 +1,170 @@
+"""conv2d and pooling Ops: forward against naive loops, gradients with verify_grad,
+the native Numba and the JAX implementations against numpy, and a data-parallel
+CNN gradient against one process."""
+
+import importlib.util
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.gradient import verify_grad
+
+import synkhronos as synk
+from synkhronos.extensions.nnet import avg_pool2d, conv2d, max_pool2d
+
+HAS_JAX = importlib.util.find_spec("jax") is not None
+F = "float64"
+
+
+def naive_conv(x, w, stride, pad, dil):
+    (sh, sw), (ph, pw), (dh, dw) = stride, pad, dil
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, o, oh, ow))
+    for a in range(oh):
+        for b in range(ow):
+            for i in range(kh):
+                for j in range(kw):
+                    out[:, :, a, b] += xp[:, :, a * sh + i * dh, b * sw + j * dw] @ w[:, :, i, j].T
+    return out
+
+
+def naive_pool(x, size, stride, pad, mode):
+    (kh, kw), (sh, sw), (ph, pw) = size, stride, pad
+    fill = -np.inf if mode == "max" else 0
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
+    oh = (x.shape[2] + 2 * ph - kh) // sh + 1
+    ow = (x.shape[3] + 2 * pw - kw) // sw + 1
+    out = np.zeros(x.shape[:2] + (oh, ow))
+    for a in range(oh):
+        for b in range(ow):
+            win = xp[:, :, a * sh:a * sh + kh, b * sw:b * sw + kw]
+            out[:, :, a, b] = win.max(axis=(2, 3)) if mode == "max" else win.mean(axis=(2, 3))
+    return out
+
+
+CONVS = [  # (stride, padding argument, padding as pairs, dilation)
+    (1, 0, (0, 0), 1),
+    (2, 1, (1, 1), 1),
+    ((1, 2), (2, 1), (2, 1), (2, 1)),
+    (1, "same", (1, 1), 1),
+    (1, "valid", (0, 0), 2),
+]
+
+
+def _conv_graph(stride, padding, dil, w_value):
+    x = pt.tensor4("x", dtype=F)
+    w = pytensor.shared(w_value, name="w", shape=w_value.shape)
+    return x, w, conv2d(x, w, stride=stride, padding=padding, dilation=dil)
+
+
+@pytest.mark.parametrize("stride,padding,pairs,dil", CONVS)
+def test_conv2d_forward_matches_naive(stride, padding, pairs, dil):
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal((2, 3, 9, 8))
+    wv = rng.standard_normal((4, 3, 3, 3))
+    x, w, y = _conv_graph(stride, padding, dil, wv)
+    def pair(v):
+        return ((v, v) if isinstance(v, int) else v)
+    got = pytensor.function([x], y)(xv)
+    np.testing.assert_allclose(got, naive_conv(xv, wv, pair(stride), pairs, pair(dil)), rtol=1e-10)
+    if padding == "same":
+        assert got.shape[2:] == xv.shape[2:]
+
+
+@pytest.mark.parametrize("stride,dil,pad", [(1, 1, 0), (2, 1, 1), (1, 2, (1, 0))])
+def test_conv2d_gradients(stride, dil, pad):
+    rng = np.random.default_rng(1)
+    xv = rng.standard_normal((2, 2, 7, 6))
+    wv = rng.standard_normal((3, 2, 3, 2))
+    verify_grad(lambda x, w: conv2d(x, w, stride=stride, padding=pad, dilation=dil), [xv, wv], rng=rng)
+
+
+@pytest.mark.parametrize("mode,pool", [("max", max_pool2d), ("avg", avg_pool2d)])
+@pytest.mark.parametrize("size,stride,pad", [(2, None, 0), (3, 2, 1), ((3, 2), (1, 2), (1, 0))])
+def test_pool_forward_and_gradient(mode, pool, size, stride, pad):
+    rng = np.random.default_rng(2)
+    xv = rng.standard_normal((2, 3, 7, 8))  # distinct values: the max is unique
+    x = pt.tensor4("x", dtype=F)
+    def pair(v):
+        return ((v, v) if isinstance(v, int) else v)
+    got = pytensor.function([x], pool(x, size, stride, pad))(xv)
+    s = pair(size)
+    np.testing.assert_allclose(got, naive_pool(xv, s, s if stride is None else pair(stride), pair(pad), mode))
+    verify_grad(lambda v: pool(v, size, stride, pad), [xv], rng=rng)
+
+
+def _cnn(x, w1, w2):
+    h = pt.maximum(conv2d(x, w1, padding="same"), 0)
+    h = max_pool2d(h, 2)
+    h = avg_pool2d(conv2d(h, w2, stride=1, padding=1), 2, stride=1)
+    return (h ** 2).mean()
+
+
+def _cnn_case(rng):
+    xv = rng.standard_normal((6, 2, 8, 8)).astype(F)
+    w1 = rng.standard_normal((3, 2, 3, 3)).astype(F)
+    w2 = rng.standard_normal((4, 3, 3, 3)).astype(F)
+    return xv, w1, w2
+
+
+def _cnn_results(mode, xv, w1v, w2v):
+    x = pt.tensor4("x", dtype=F)
+    w1 = pytensor.shared(w1v, shape=w1v.shape)
+    w2 = pytensor.shared(w2v, shape=w2v.shape)
+    loss = _cnn(x, w1, w2)
+    return pytensor.function([x], [loss] + pytensor.grad(loss, [x, w1, w2]), mode=mode)(xv)
+
+
+def test_numba_implementation_matches_numpy():
+    xv, w1, w2 = _cnn_case(np.random.default_rng(3))
+    ref = _cnn_results("FAST_COMPILE", xv, w1, w2)  # numpy perform
+    for r, e in zip(_cnn_results("NUMBA", xv, w1, w2), ref):
+        np.testing.assert_allclose(r, e, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="JAX not installed")
+def test_jax_implementation_matches_numpy():
+    import jax
+
+    xv, w1, w2 = _cnn_case(np.random.default_rng(4))
+    ref = _cnn_results("FAST_COMPILE", xv, w1, w2)
+    with jax.default_matmul_precision("highest"):
+        got = _cnn_results("JAX", xv.astype("float32"), w1.astype("float32"), w2.astype("float32"))
+    for r, e in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(r), e, rtol=2e-4, atol=2e-5)
+
+
+def test_bad_arguments():
+    x = pt.tensor4("x")
+    with pytest.raises(TypeError, match="ndim=3"):
+        conv2d(pt.tensor3("t"), pt.tensor4("w"))
+    with pytest.raises(ValueError, match="padding"):
+        conv2d(x, pt.tensor4("w"), padding="full")
+    with pytest.raises(ValueError, match="static shape"):
+        conv2d(x, pt.tensor4("w"), padding="same")
+    with pytest.raises(ValueError, match="stride"):
+        max_pool2d(x, 2, stride=(1, 2, 3))
+
+
+def test_cnn_gradient_on_workers_equals_one_process():
+    xv, w1v, w2v = _cnn_case(np.random.default_rng(5))
+    synk.fork(3, use_gpu=False)  # 6 rows: 2 per rank
+    try:
+        fx = pytensor.config.floatX
+        x = pt.tensor4("x", dtype=fx)
+        w1 = pytensor.shared(w1v.astype(fx), shape=w1v.shape)
+        w2 = pytensor.shared(w2v.astype(fx), shape=w2v.shape)
+        loss = _cnn(x, w1, w2)
+        f = synk.function([x], outputs=[loss] + pytensor.grad(loss, [w1, w2]))
+        ref = pytensor.function([x], [loss] + pytensor.grad(loss, [w1, w2]))
+        synk.distribute()
+        got = f(synk.data(xv.astype(fx)), num_slices=2)
+        for g, e in zip(got, ref(xv.astype(fx))):
+            np.testing.assert_allclose(g, e, rtol=2e-4, atol=1e-5)
+    finally:
+        synk.close()

@@ -4,9 +4,9 @@ on the CPU (numpy implementation) on the same rows."""
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from test_nnet import _cnn, _cnn_case
 
 import synkhronos as synk
-from test_nnet import _cnn, _cnn_case
 
 
 def test_cnn_gradient_on_two_gpus():

@@ -1,6 +1,7 @@
 """Starting and stopping Synkhronos: ``fork``, ``distribute``, ``close``."""
 
 import numbers
+import sys
 import time
 
 from . import _runtime
@@ -26,6 +27,18 @@ def _default_float32():
         pytensor.config.floatX = "float32"
         print("Synkhronos: set pytensor.config.floatX = 'float32' (choose floatX explicitly, "
               "e.g. PYTENSOR_FLAGS=floatX=float64, to keep another)", flush=True)
+
+
+def _sync_jax_precision():
+    """PyTensor sets JAX's 64-bit mode from floatX when its JAX dispatch is first
+    imported.  If that happened before floatX was settled (e.g. an extension module
+    registering JAX implementations was imported before ``fork``), apply the rule
+    again now."""
+    if "pytensor.link.jax.dispatch.basic" in sys.modules:
+        import jax
+        import pytensor
+
+        jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
 
 
 def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
@@ -81,6 +94,7 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         raise ValueError("n_parallel=%d but only %d GPUs are visible" % (n, available))
     device.setup_master(master_rank)
     _default_float32()
+    _sync_jax_precision()
     print("Synkhronos attempting to use %d of %d detected %s..." % (n, available, device.label), flush=True)
     _runtime.start(n, master_rank, device, bool(profile_workers))
     print("Synkhronos: %d %s initialized, master rank: %d"

@@ -168,3 +168,27 @@ def test_cnn_gradient_on_workers_equals_one_process():
             np.testing.assert_allclose(g, e, rtol=2e-4, atol=1e-5)
     finally:
         synk.close()
+
+
+def test_batch_norm_and_cross_entropy_match_numpy():
+    from synkhronos.extensions.nnet import batch_norm, log_softmax, softmax_cross_entropy
+
+    rng = np.random.default_rng(6)
+    xv = rng.standard_normal((4, 3, 5, 5)) * 3 + 1
+    g, b = rng.standard_normal(3), rng.standard_normal(3)
+    x = pt.tensor4("x", dtype=F)
+    gv, bv = pt.vector("g", dtype=F), pt.vector("b", dtype=F)
+    got = pytensor.function([x, gv, bv], batch_norm(x, gv, bv))(xv, g, b)
+    mean = xv.mean(axis=(0, 2, 3), keepdims=True)
+    var = xv.var(axis=(0, 2, 3), keepdims=True)
+    expected = (xv - mean) / np.sqrt(var + 1e-5) * g[None, :, None, None] + b[None, :, None, None]
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
+
+    logits = rng.standard_normal((6, 4)) * 50  # large: needs the stable form
+    targets = np.eye(4)[rng.integers(0, 4, 6)]
+    lv, tv = pt.matrix("l", dtype=F), pt.matrix("t", dtype=F)
+    lp, ce = pytensor.function([lv, tv], [log_softmax(lv), softmax_cross_entropy(lv, tv)])(logits, targets)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    ref_lp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(lp, ref_lp, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ce, -(targets * ref_lp).sum(axis=1).mean(), rtol=1e-10, atol=1e-12)

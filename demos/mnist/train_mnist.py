@@ -87,8 +87,7 @@ def build_mlp(n_in, hidden, n_out, rng):
         h = x
         for i in range(0, len(params) - 2, 2):
             h = pt.maximum(h.dot(params[i]) + params[i + 1], 0)
-        logits = h.dot(params[-2]) + params[-1]
-        return logits - pt.logsumexp(logits, axis=1, keepdims=True)
+        return nnet.log_softmax(h.dot(params[-2]) + params[-1])
 
     return params, log_probs
 
@@ -109,8 +108,7 @@ def build_cnn(side, n_out, rng):
         h = x.reshape((x.shape[0], 1, side, side))
         for w in (w1, w2):
             h = nnet.max_pool2d(pt.maximum(nnet.conv2d(h, w, padding="same"), 0), 2)
-        logits = h.reshape((h.shape[0], flat)).dot(w3) + b3
-        return logits - pt.logsumexp(logits, axis=1, keepdims=True)
+        return nnet.log_softmax(h.reshape((h.shape[0], flat)).dot(w3) + b3)
 
     return [w1, w2, w3, b3], log_probs
 

@@ -20,7 +20,7 @@ import numpy as np
 
 
 def build_resnet(pytensor, pt, nnet, blocks, width, classes, rng):
-    """Shared parameters and ``log_probs(x)`` of a bottleneck ResNet (NCHW input)."""
+    """Shared parameters and ``logits(x)`` of a bottleneck ResNet (NCHW input)."""
     fx = pytensor.config.floatX
     params = []
 
@@ -39,11 +39,7 @@ def build_resnet(pytensor, pt, nnet, blocks, width, classes, rng):
         w, (g, b) = conv_w(c_out, c_in, k), bn_params(c_out)
 
         def apply(h):
-            h = nnet.conv2d(h, w, stride=stride, padding=k // 2)
-            mean = h.mean(axis=(0, 2, 3), keepdims=True)
-            var = h.var(axis=(0, 2, 3), keepdims=True)
-            scale, shift = g.dimshuffle("x", 0, "x", "x"), b.dimshuffle("x", 0, "x", "x")
-            h = (h - mean) / pt.sqrt(var + 1e-5) * scale + shift
+            h = nnet.batch_norm(nnet.conv2d(h, w, stride=stride, padding=k // 2), g, b)
             return pt.maximum(h, 0) if relu else h
         return apply
 
@@ -64,17 +60,16 @@ def build_resnet(pytensor, pt, nnet, blocks, width, classes, rng):
     fc_b = pytensor.shared(np.zeros(classes, fx), shape=(classes,), name="fc_b")
     params.extend([fc, fc_b])
 
-    def log_probs(x):
+    def logits(x):
         h = nnet.max_pool2d(stem(x), 3, stride=2, padding=1)
         for body, short in layers:
             out = h
             for f in body:
                 out = f(out)
             h = pt.maximum(out + (short(h) if short is not None else h), 0)
-        logits = h.mean(axis=(2, 3)).dot(fc) + fc_b
-        return logits - pt.logsumexp(logits, axis=1, keepdims=True)
+        return h.mean(axis=(2, 3)).dot(fc) + fc_b
 
-    return params, log_probs
+    return params, logits
 
 
 def measure(args, n):
@@ -88,9 +83,9 @@ def measure(args, n):
     synk.fork(n, use_gpu=not args.cpu)
     rng = np.random.default_rng(0)
     blocks = [int(b) for b in args.blocks.split(",")]
-    params, log_probs = build_resnet(pytensor, pt, nnet, blocks, args.width, args.classes, rng)
+    params, logits = build_resnet(pytensor, pt, nnet, blocks, args.width, args.classes, rng)
     x, y = pt.tensor4("x"), pt.matrix("y")
-    loss = -(y * log_probs(x)).sum(axis=1).mean()
+    loss = nnet.softmax_cross_entropy(logits(x), y)
     step = train.make_train_step([x, y], loss, params, rule=updates.momentum, learning_rate=0.1, momentum=0.9)
     synk.distribute()
     fx = pytensor.config.floatX

@@ -32,8 +32,8 @@ from . import _nnet_kernels as numpy_kernels
 from . import _nnet_numba as numba_kernels
 from ._nnet_kernels import conv_out_size
 
-__all__ = ["conv2d", "max_pool2d", "avg_pool2d", "Conv2d", "Conv2dGradInput", "Conv2dGradWeight",
-           "Pool2d", "Pool2dGrad"]
+__all__ = ["conv2d", "max_pool2d", "avg_pool2d", "batch_norm", "log_softmax", "softmax_cross_entropy",
+           "Conv2d", "Conv2dGradInput", "Conv2dGradWeight", "Pool2d", "Pool2dGrad"]
 
 
 def _pair(value, argname):
@@ -228,6 +228,39 @@ def avg_pool2d(x, size, stride=None, padding=0):
     """Average pooling of NCHW ``x`` over ``size`` windows (padding counts as
     zeros).  Parameters as in ``conv2d``."""
     return _pool(x, size, stride, padding, "avg")
+
+
+def batch_norm(x, gamma, beta, epsilon=1e-5):
+    """Batch normalisation of NCHW ``x`` with this batch's statistics per channel
+    (on each rank, its own rows: as PyTorch DDP without SyncBatchNorm).
+
+    Parameters
+    ----------
+    x : 4-d tensor
+    gamma, beta : vectors of length C
+        Scale and shift.
+    epsilon : float
+
+    Returns
+    -------
+    4-d tensor like ``x``
+    """
+    x = _as4d(x, "x")
+    mean = x.mean(axis=(0, 2, 3), keepdims=True)
+    var = x.var(axis=(0, 2, 3), keepdims=True)
+    scale, shift = gamma.dimshuffle("x", 0, "x", "x"), beta.dimshuffle("x", 0, "x", "x")
+    return (x - mean) / pt.sqrt(var + epsilon) * scale + shift
+
+
+def log_softmax(logits):
+    """Log-probabilities over axis 1 of a (N, classes) matrix, computed stably."""
+    return logits - pt.logsumexp(logits, axis=1, keepdims=True)
+
+
+def softmax_cross_entropy(logits, targets):
+    """Mean cross-entropy of (N, classes) ``logits`` against one-hot (or soft)
+    ``targets`` of the same shape."""
+    return -(targets * log_softmax(logits)).sum(axis=1).mean()
 
 
 # ------------------------------------------------------------------ Numba (native)

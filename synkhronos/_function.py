@@ -234,7 +234,7 @@ class Function:
             if d._rt is not rt:
                 raise RuntimeError("input %d (%s) is a Data object of a closed Synkhronos session"
                                    % (i, var))
-            if not np.can_cast(d.dtype, var.dtype, "safe"):
+            if d.dtype != var.dtype and not np.can_cast(d.dtype, var.dtype, "safe"):
                 raise TypeError("input %d (%s) needs dtype %s, got Data of dtype %s, which does not "
                                 "convert without loss" % (i, var, var.dtype, d.dtype))
             if d.ndim != var.ndim:

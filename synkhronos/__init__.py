@@ -10,7 +10,7 @@ Build graphs with PyTensor as usual, call ``synkhronos.function`` instead of
     r = f(synk.data(x_dat), synk.data(y_dat))
 """
 
-from ._api import close, distribute, fork
+from ._api import close, distribute, fork, synchronize
 from ._collectives import (
     all_gather,
     all_reduce,
@@ -33,6 +33,7 @@ __all__ = [
     "fork",
     "distribute",
     "close",
+    "synchronize",
     "function",
     "Function",
     "data",

@@ -5,8 +5,9 @@ import sys
 import time
 
 from . import _runtime
+from ._protocol import Command
 
-__all__ = ["fork", "distribute", "close"]
+__all__ = ["fork", "distribute", "close", "synchronize"]
 
 
 def _check_int(value, argname, low):
@@ -125,3 +126,23 @@ def close():
     """Stop the workers and release all shared memory.  Idempotent; also runs
     at exit.  After ``close()``, ``fork()`` may start a new session."""
     _runtime.shutdown()
+
+
+def synchronize():
+    """Wait until every rank has finished all the work queued on its device.
+
+    Function calls that return outputs already wait for their results, and
+    anything that reads a shared variable waits for the work that writes it, so
+    this is needed only to time device work or to hand the GPUs to other code.
+    Device collectives (``all_reduce`` etc. on GPUs) return once queued; a
+    failure inside one on a worker is raised here at the latest.
+
+    Raises
+    ------
+    RuntimeError
+        If not forked, or closed.
+    WorkerError
+        If a worker failed, now or in a collective queued earlier.
+    """
+    rt = _runtime.require()
+    rt.request(Command.SYNC, local=lambda: rt.device.synchronize(rt.shareds))

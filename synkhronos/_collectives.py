@@ -6,10 +6,14 @@ Naming rule (as in MPI): ``X`` acts toward or from the master (rank
 shared variable or a list/tuple of them, and returns one result or a tuple.
 ``nccl=True`` means "use the device collective when there is one": on GPU workers
 ``broadcast``, ``gather``, ``all_gather``, ``reduce`` and ``all_reduce`` run over
-NCCL.  The ranks first exchange their shapes over NCCL, so that all of them see
-unequal shapes and raise together instead of corrupting data or hanging.
-``scatter``, ``set_value`` and ``get_value`` move host data through shared
-memory.  CPU workers always use shared memory.
+NCCL.  The master checks every rank's shapes before it starts one (it keeps them
+from earlier calls while nothing could have changed them), so unequal shapes raise
+a ValueError instead of corrupting data or hanging.  Device collectives that leave
+their results on the devices return as soon as every rank has queued them:
+whatever reads the results afterwards waits for them on the device, and
+``synchronize()`` waits for everything.  ``scatter``, ``set_value`` and
+``get_value`` move host data through shared memory.  CPU workers always use
+shared memory and return when done.
 """
 
 import numbers
@@ -146,6 +150,8 @@ def _set_all(rt, variables, ids, values, rows=None, ranks=None):
         return [None] * len(ids) if rows is None else rows[rank]
 
     payloads = {r: [(i, t, s) for i, t, s in zip(ids, tokens, rows_of(r))] for r in ranks if r != m}
+    for i in ids:
+        rt.shapes.pop(i, None)
 
     def local():
         for var, v, sel in zip(variables, values, rows_of(m)):
@@ -160,12 +166,27 @@ def _use_nccl(rt, nccl):
 
 
 def _all_shapes(rt, ids):
-    """Shapes of shared variables ``ids`` on every rank: ``[var][rank]``."""
+    """Shapes of shared variables ``ids`` on every rank: ``[var][rank]`` (and
+    recorded for device collectives)."""
     dev = rt.device
     mine, replies = rt.request(Command.GET_SHAPES, ids,
                                local=lambda: [dev.shape(rt.shareds[i]) for i in ids])
     replies[rt.master_rank] = mine
-    return [[tuple(replies[r][k]) for r in range(rt.n_parallel)] for k in range(len(ids))]
+    table = [[tuple(replies[r][k]) for r in range(rt.n_parallel)] for k in range(len(ids))]
+    for i, per_rank in zip(ids, table):
+        rt.shapes[i] = per_rank
+    return table
+
+
+def _shape_table(rt, variables, ids):
+    """``[var][rank]`` shapes for a device collective: as recorded, unless unknown
+    or the master's own value has changed shape since; then asked of every rank."""
+    m = rt.master_rank
+    unknown = [i for var, i in zip(variables, ids)
+               if i not in rt.shapes or rt.shapes[i][m] != rt.device.shape(var)]
+    if unknown:
+        _all_shapes(rt, unknown)
+    return [rt.shapes[i] for i in ids]
 
 
 def _equal_shapes(variables, shapes, what):
@@ -175,11 +196,19 @@ def _equal_shapes(variables, shapes, what):
 
 
 def _device_collective(rt, op, ids, args):
-    """Run device collective ``op`` on every rank; returns the master's result."""
+    """Queue device collective ``op`` on every rank; returns the master's result.
+    Workers' replies are read later (``Runtime.post``)."""
     variables = [rt.shareds[i] for i in ids]
+    rt.device.check_collective(variables)
     local = getattr(rt.device, "nccl_" + op)
-    mine, _ = rt.request(Command.NCCL, (op, ids, args), local=lambda: local(variables, *args))
-    return mine
+    return rt.post(Command.NCCL, (op, ids, args), local=lambda: local(variables, *args))
+
+
+def _uniform_shapes(rt, variables, ids):
+    """The one shape of each variable on every rank, for reductions."""
+    table = _shape_table(rt, variables, ids)
+    _equal_shapes(variables, table, "reduce")
+    return [per_rank[0] for per_rank in table]
 
 
 def broadcast(shared_vars, values=None, nccl=True):
@@ -200,8 +229,10 @@ def broadcast(shared_vars, values=None, nccl=True):
         if values is not None:
             for var, v in zip(variables, _values_for(values, variables)):
                 rt.device.set_value(var, _array(v))
-        shapes = [tuple(rt.device.device_value(v).shape) for v in variables]
-        _device_collective(rt, "broadcast", ids, (rt.master_rank, shapes, [v.dtype for v in variables]))
+        shapes = [rt.device.shape(v) for v in variables]
+        _device_collective(rt, "broadcast", ids, (rt.master_rank, shapes))
+        for i, shape in zip(ids, shapes):
+            rt.shapes[i] = [shape] * rt.n_parallel
         return
     if values is None:
         values = [rt.device.get_value(v) for v in variables]
@@ -261,7 +292,7 @@ def gather(shared_vars, nd_up=1, nccl=True):
         raise ValueError("nd_up must be 0 or 1, got %r" % (nd_up,))
     variables, ids, single = _targets(rt, shared_vars)
     if use_nccl:
-        per_var = _device_collective(rt, "gather", ids, (rt.master_rank,))
+        per_var = _device_collective(rt, "gather", ids, (rt.master_rank, _shape_table(rt, variables, ids)))
         arrays = {r: [per_var[k][r] for k in range(len(ids))] for r in range(rt.n_parallel)}
     else:
         arrays = _gather_arrays(rt, ids)
@@ -292,7 +323,15 @@ def all_gather(shared_vars, nccl=True):
     use_nccl = _use_nccl(rt, nccl)
     variables, ids, _ = _targets(rt, shared_vars)
     if use_nccl:
-        _device_collective(rt, "all_gather", ids, ())
+        table = _shape_table(rt, variables, ids)
+        for var, per_rank in zip(variables, table):
+            if len(per_rank[0]) == 0 or len({s[1:] for s in per_rank}) > 1:
+                raise ValueError("cannot concatenate values of %s with shapes %s along axis 0"
+                                 % (var, per_rank))
+        _device_collective(rt, "all_gather", ids, (table,))
+        for i, per_rank in zip(ids, table):
+            joined = (sum(s[0] for s in per_rank),) + per_rank[0][1:]
+            rt.shapes[i] = [joined] * rt.n_parallel
         return
     arrays = _gather_arrays(rt, ids)
     joined = [_join([arrays[r][k] for r in range(rt.n_parallel)], 0, var) for k, var in enumerate(variables)]
@@ -333,7 +372,8 @@ def reduce(shared_vars, op="avg", in_place=True, nccl=True):
     if use_nccl:
         check_op(op, allow_none=False)
         variables, ids, single = _targets(rt, shared_vars)
-        results = _device_collective(rt, "reduce", ids, (op, rt.master_rank, in_place))
+        shapes = _uniform_shapes(rt, variables, ids)
+        results = _device_collective(rt, "reduce", ids, (op, rt.master_rank, in_place, shapes))
         return None if in_place else _result(results, single)
     variables, _, single, results = _reduced(rt, shared_vars, op)
     if not in_place:
@@ -350,7 +390,7 @@ def all_reduce(shared_vars, op="avg", nccl=True):
     if _use_nccl(rt, nccl):
         check_op(op, allow_none=False)
         variables, ids, _ = _targets(rt, shared_vars)
-        _device_collective(rt, "all_reduce", ids, (op,))
+        _device_collective(rt, "all_reduce", ids, (op, _uniform_shapes(rt, variables, ids)))
         return
     variables, ids, _, results = _reduced(rt, shared_vars, op)
     _set_all(rt, variables, ids, results)

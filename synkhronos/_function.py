@@ -193,6 +193,7 @@ class Function:
             if v.name is not None:
                 names.setdefault(v.name, i)
         self._names = names
+        self._reshaped = None
 
     # ----------------------------------------------------------------- properties
     @property
@@ -209,6 +210,14 @@ class Function:
     def update_modes(self):
         """Reduce operation of each update (used only when slicing)."""
         return list(self._core.update_modes)
+
+    def _reshaped_ids(self, rt):
+        """IDs of the shared variables whose shape a call may change: those updated
+        without a fully static type shape (PyTensor checks updates against one)."""
+        if self._reshaped is None:
+            self._reshaped = [rt.shared_id(var) for var, _ in self._core.updates
+                              if None in getattr(var.type, "shape", (None,))]
+        return self._reshaped
 
     # -------------------------------------------------------------------- inputs
     def _order_inputs(self, args, kwargs):
@@ -391,7 +400,11 @@ class Function:
         # Compile a new variant here first: workers then load it from PyTensor's warm cache
         # instead of each compiling it at once.
         core.prepare(subset, num_slices, share_sels[m])
-        mine, replies = rt.request(Command.CALL, payloads, local=local)
+        try:
+            mine, replies = rt.request(Command.CALL, payloads, local=local)
+        finally:
+            for i in self._reshaped_ids(rt):
+                rt.shapes.pop(i, None)
         per_rank = {m: mine}
         for r, (weight, tokens) in replies.items():
             per_rank[r] = (weight, None if tokens is None else receive(tokens, rt.cache))

@@ -4,7 +4,10 @@ Every action is one round trip: the master sends ``(Command, payload)`` to the
 workers it needs, does its own share, then reads one reply from each.  A reply is
 ``(True, result)`` or ``(False, (exception type name, message, traceback))``.
 Because the master always reads every reply it asked for, the channel never gets
-out of step, and the round trip is the barrier that guards each action.
+out of step, and the round trip is the barrier that guards each action.  The one
+exception is device work that the ranks only queue (NCCL collectives): the master
+reads those replies later, before its next round trip, since the device itself
+orders the work.
 """
 
 import enum
@@ -32,7 +35,8 @@ class Command(enum.IntEnum):
     SET_SHAREDS = 6  # overwrite values of shared variables
     GET_SHAPES = 7  # return shapes of shared variables
     NCCL_INIT = 8  # join the NCCL communicator
-    NCCL = 9  # run a device collective on shared variables
+    NCCL = 9  # queue a device collective on shared variables
+    SYNC = 10  # wait until this rank's device work is done
 
 
 def ok(result=None):

@@ -4,6 +4,7 @@ memory and the registry of functions, shared variables and Data objects.
 """
 
 import atexit
+import collections
 import json
 import os
 import pickle
@@ -24,6 +25,7 @@ __all__ = ["Runtime", "current", "require", "start", "shutdown", "default_device
 
 _READY_TIMEOUT = 300.0  # seconds for a worker to start (imports numpy, posix_ipc)
 _EXIT_TIMEOUT = 5.0
+_MAX_OWED = 64  # posted commands a worker may be behind before post() waits for a reply
 
 _runtime = None
 
@@ -109,6 +111,7 @@ class _Worker:
         self.process = process
         self.conn = conn
         self.pending_drops = []  # segments of collected Data, dropped with the next command
+        self.owed = collections.deque()  # labels of posted commands whose replies are unread
 
 
 class Runtime:
@@ -129,6 +132,9 @@ class Runtime:
         self.next_data_id = 0
         self.distributed = False
         self.closed = False
+        # Per-rank shapes of shared variables, by ID, as far as the master knows them
+        # (for device collectives, which need every rank's sizes before they start).
+        self.shapes = {}
 
     @property
     def worker_ranks(self):
@@ -167,6 +173,7 @@ class Runtime:
             m = self.master_rank
             self.request(Command.NCCL_INIT, uid,
                          local=lambda: self.device.init_comm(self.n_parallel, m, uid))
+            self.device.wait_hook = self.check_posted
 
     def _await_ready(self, w, deadline):
         while True:
@@ -187,6 +194,9 @@ class Runtime:
     # ------------------------------------------------------------------ requests
     def request(self, cmd, payload=None, ranks=None, local=None):
         """One round trip: send ``cmd`` to workers, run ``local()`` here, collect.
+
+        Replies still owed for earlier ``post()`` commands are read first, so a
+        failure there is raised here, before anything new runs.
 
         Parameters
         ----------
@@ -209,19 +219,112 @@ class Runtime:
         WorkerError
             If a worker raised (the lowest such rank is reported) or died.
         """
-        if self.closed:
-            raise RuntimeError("Synkhronos is closed: call synkhronos.fork() to start again")
+        self._check_open()
         try:
+            self._settle()
             return self._round_trip(cmd, payload, ranks, local)
         except KeyboardInterrupt:
             # Replies may still be in flight: the channels cannot be trusted any more.
             self._fail_closed()
             raise
 
-    def _round_trip(self, cmd, payload, ranks, local):
+    def post(self, cmd, payload=None, ranks=None, local=None):
+        """Send ``cmd`` to workers and run ``local()`` here without waiting for
+        the workers' replies: they are read by the next ``request()`` or
+        ``settle()``, which raise any failure then.  For device work that the
+        ranks only queue (NCCL collectives): the device orders it, so no barrier
+        is needed.  Arguments as for ``request``; returns ``local()``'s result.
+
+        If ``local()`` raises, the session is closed: the workers are already
+        committed to a collective that the master will not join.
+        """
+        self._check_open()
+        try:
+            per_rank = isinstance(payload, dict)
+            if ranks is None:
+                ranks = sorted(payload) if per_rank else self.worker_ranks
+            for r in ranks:
+                w = self.workers[r]
+                if len(w.owed) >= _MAX_OWED:
+                    self._read_owed(w, count=1)
+            sent, dead = self._send(cmd, payload, ranks)
+            for r in sent:
+                self.workers[r].owed.append(cmd.name.lower())
+            if dead is not None:
+                self._died(dead)
+            if local is None:
+                return None
+            try:
+                return local()
+            except Exception:
+                self._fail_closed()
+                raise
+        except KeyboardInterrupt:
+            self._fail_closed()
+            raise
+
+    def settle(self):
+        """Read every reply still owed for posted commands; raise the first failure."""
+        self._check_open()
+        try:
+            self._settle()
+        except KeyboardInterrupt:
+            self._fail_closed()
+            raise
+
+    def check_posted(self):
+        """Read owed replies that have already arrived, without waiting; raise a
+        failure at once (closing the session, whose devices may now be stuck in
+        a collective).  For the master to call while it waits on its device."""
+        for w in self.workers.values():
+            while w.owed and w.conn.poll(0):
+                try:
+                    self._read_owed(w, count=1)
+                except WorkerError:
+                    self._fail_closed()
+                    raise
+
+    def _check_open(self):
+        if self.closed:
+            raise RuntimeError("Synkhronos is closed: call synkhronos.fork() to start again")
+
+    def _settle(self):
+        failure = None
+        for w in self.workers.values():
+            try:
+                self._read_owed(w, count=len(w.owed))
+            except WorkerError as exc:
+                if exc.exc_type == "WorkerDied":
+                    raise
+                failure = exc if failure is None or exc.rank < failure.rank else failure
+                self._settle_rest(w)
+        if failure is not None:
+            raise failure
+
+    def _settle_rest(self, w):
+        while w.owed:
+            try:
+                self._read_owed(w, count=1)
+            except WorkerError as exc:
+                if exc.exc_type == "WorkerDied":
+                    raise
+
+    def _read_owed(self, w, count):
+        """Read ``count`` owed replies of worker ``w``; raise on the first failure
+        (the ones after it stay owed)."""
+        for _ in range(count):
+            label = w.owed.popleft()
+            try:
+                okay, result = recv(w.conn)
+            except (EOFError, OSError):
+                self._died(w.rank)
+            if not okay:
+                exc_type, message, tb = result
+                raise WorkerError(w.rank, exc_type, "%s (during an earlier %s, which returned before "
+                                  "the workers finished it)" % (message, label), tb)
+
+    def _send(self, cmd, payload, ranks):
         per_rank = isinstance(payload, dict)
-        if ranks is None:
-            ranks = sorted(payload) if per_rank else self.worker_ranks
         sent = []
         dead = None
         for r in ranks:
@@ -232,6 +335,19 @@ class Runtime:
                 sent.append(r)
             except OSError:
                 dead = r if dead is None else min(dead, r)
+        return sent, dead
+
+    def _died(self, rank):
+        code = self.workers[rank].process.poll()
+        self._fail_closed()
+        raise WorkerError(rank, "WorkerDied", "worker process exited unexpectedly (exit code %s); "
+                          "Synkhronos has been closed" % code)
+
+    def _round_trip(self, cmd, payload, ranks, local):
+        per_rank = isinstance(payload, dict)
+        if ranks is None:
+            ranks = sorted(payload) if per_rank else self.worker_ranks
+        sent, dead = self._send(cmd, payload, ranks)
         local_result, local_exc = None, None
         if local is not None:
             try:
@@ -250,10 +366,7 @@ class Runtime:
             else:
                 failures.append((r, result))
         if dead is not None:
-            code = self.workers[dead].process.poll()
-            self._fail_closed()
-            raise WorkerError(dead, "WorkerDied", "worker process exited unexpectedly (exit code %s); "
-                              "Synkhronos has been closed" % code)
+            self._died(dead)
         if local_exc is not None:
             raise local_exc
         if failures:
@@ -265,7 +378,7 @@ class Runtime:
         global _runtime
         if _runtime is self:
             _runtime = None
-        self.close()
+        self.close(failed=True)
 
     # ----------------------------------------------------------------- lifecycle
     def distribute(self):
@@ -273,7 +386,8 @@ class Runtime:
         self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False), payload),
                      local=lambda: self.device.place_shareds(self.shareds))
         if self.device.nccl:
-            self.device.numpy_interface(self.shareds)
+            self.device.numpy_interface(self.shareds, on_set=self.forget_shape,
+                                        before_get=self._settle_if_open)
         self.distributed = True
 
     def forget_segment(self, name):
@@ -281,6 +395,16 @@ class Runtime:
         object was garbage-collected): workers unmap it with their next command."""
         for w in self.workers.values():
             w.pending_drops.append(name)
+
+    def forget_shape(self, var):
+        """``var``'s value was replaced in the master: its recorded shapes may be stale."""
+        i = self.shared_id(var)
+        if i is not None:
+            self.shapes.pop(i, None)
+
+    def _settle_if_open(self):
+        if not self.closed:
+            self.settle()
 
     def functions_cores(self):
         return [f._core for f in self.functions]
@@ -296,7 +420,10 @@ class Runtime:
             if self.shared_id(v) is None:
                 self.shareds.append(v)
 
-    def close(self):
+    def close(self, failed=False):
+        """Stop the workers and release everything (idempotent).  ``failed``: the
+        session broke (a worker died or failed inside a collective), so device
+        communicators are aborted instead of shut down in order."""
         if self.closed:
             return
         self.closed = True
@@ -318,7 +445,7 @@ class Runtime:
         self.datas.clear()
         self.exchange.close()
         self.cache.clear()
-        self.device.close()
+        self.device.close(abort=failed)
         _shmem.unlink_session(self.token)
 
 

@@ -115,7 +115,12 @@ def _nccl(state, payload):
     return getattr(state.device, "nccl_" + op)([state.shared(i) for i in ids], *args)
 
 
+def _sync(state, payload):
+    state.device.synchronize(state.shareds or [])
+
+
 _HANDLERS = {
+    Command.SYNC: _sync,
     Command.NCCL_INIT: _nccl_init,
     Command.NCCL: _nccl,
     Command.DISTRIBUTE: _distribute,

@@ -44,8 +44,11 @@ class CpuDevice:
     def place_shareds(self, shareds):
         """Shared values stay where PyTensor keeps them."""
 
-    def close(self):
+    def close(self, abort=False):
         """Nothing to release."""
+
+    def synchronize(self, shareds):
+        """Nothing runs asynchronously on CPU workers."""
 
     def get_value(self, var):
         """The value of shared variable ``var`` on this rank, as numpy."""

@@ -6,15 +6,18 @@ unless the user set it), so NCCL and CuPy can allocate beside XLA; XLA still poo
 what it has allocated.  Each process sees only its own GPU
 (``CUDA_VISIBLE_DEVICES``), set before JAX or CuPy start.
 
-Stream ordering: a JAX array is made ready (``block_until_ready``) before NCCL
-reads it through DLPack, NCCL writes only into fresh CuPy buffers, and the NCCL
-stream is synchronised before JAX takes those buffers over.
+Stream ordering: NCCL runs on its own CuPy stream; arrays cross between JAX and
+CuPy through DLPack, whose stream hand-off makes each side wait for the other's
+writes on the GPU.  Collectives therefore return once queued, and whatever reads
+their results (a function call, ``get_value``, another collective) waits for them.
 """
 
+import collections
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -53,14 +56,59 @@ def gpu_stack_available():
     return find_spec("jax") is not None and find_spec("cupy") is not None
 
 
+_NCCL_DTYPES = {}  # numpy dtype name -> NCCL data type, filled on first use
+
+
 def _nccl_dtype(nccl, dtype):
-    table = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64, "float16": nccl.NCCL_FLOAT16,
-             "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64, "uint8": nccl.NCCL_UINT8,
-             "int8": nccl.NCCL_INT8, "uint32": nccl.NCCL_UINT32, "uint64": nccl.NCCL_UINT64}
+    if not _NCCL_DTYPES:
+        _NCCL_DTYPES.update(
+            float32=nccl.NCCL_FLOAT32, float64=nccl.NCCL_FLOAT64, float16=nccl.NCCL_FLOAT16,
+            int32=nccl.NCCL_INT32, int64=nccl.NCCL_INT64, uint8=nccl.NCCL_UINT8, int8=nccl.NCCL_INT8,
+            uint32=nccl.NCCL_UINT32, uint64=nccl.NCCL_UINT64)
     try:
-        return table[np.dtype(dtype).name]
+        return _NCCL_DTYPES[np.dtype(dtype).name]
     except KeyError:
-        raise TypeError("NCCL has no data type for %s" % dtype) from None
+        raise TypeError("NCCL has no data type for %s; use nccl=False for the shared-memory "
+                        "path" % dtype) from None
+
+
+def _jax_importer():
+    """A function taking a CuPy array (inside ``with stream:``) to a JAX array on
+    the same memory, ordered after that stream's work.
+
+    ``jax.dlpack.from_dlpack`` does this, but spends most of its ~45 us in Python
+    (device lookup, then an ``asarray`` that changes nothing for a canonical
+    dtype); a queued collective has that little time per call.  So the same steps
+    are taken here once and JAX's DLPack import is called directly.  That import
+    is JAX-internal: if it is missing, has another signature, or gives a wrong
+    result on a probe array, the public function is used instead."""
+    import jax
+
+    public = jax.dlpack.from_dlpack
+    try:
+        import cupy
+        from jax._src import dtypes
+        from jax._src.lib import _jax, jaxlib_extension_version
+        from jax._src.typing import DLDeviceType
+
+        (device,) = jax.local_devices()
+        stream = device.get_stream_for_external_ready_events()
+        extra = (int(DLDeviceType.kDLCUDA),) if jaxlib_extension_version >= 467 else ()
+
+        def fast(buf):
+            if dtypes.canonicalize_dtype(buf.dtype) != buf.dtype:
+                return public(buf)
+            return _jax.dlpack_managed_tensor_to_buffer(buf.__dlpack__(stream=stream), device, stream,
+                                                        None, *extra)
+
+        probe = cupy.arange(6, dtype=cupy.float32).reshape(2, 3)
+        got = fast(probe)
+        if not isinstance(got, jax.Array) or got.shape != (2, 3) or \
+                np.asarray(got).tolist() != [[0, 1, 2], [3, 4, 5]]:
+            return public
+        return fast
+    except Exception:
+        return public
 
 
 class GpuDevice:
@@ -74,8 +122,12 @@ class GpuDevice:
         self.gpu_ids = visible_gpus() if gpu_ids is None else list(gpu_ids)
         self._comm = None
         self._stream = None
+        self._inflight = collections.deque()  # (event, arrays the NCCL stream still uses)
         self.n_parallel = None
         self.rank = None
+        self.wait_hook = None  # called while the master waits on its GPU
+        self._import = None  # CuPy -> JAX, see _jax_importer
+        self._ops = None
 
     def available(self):
         return len(self.gpu_ids)
@@ -116,13 +168,15 @@ class GpuDevice:
         kwargs.setdefault("mode", "JAX")
         return kwargs
 
+    # The container is read directly: in the master, ``var.get_value`` is the
+    # user-facing wrapper of ``numpy_interface``, which first settles posted work.
     def get_value(self, var):
         """Value of shared variable ``var`` on this rank, copied to the host."""
-        return np.asarray(var.get_value(borrow=True, return_internal_type=True))
+        return np.asarray(var.container.storage[0])
 
     def shape(self, var):
         """Shape of ``var``'s value on this rank (no copy)."""
-        return tuple(var.get_value(borrow=True, return_internal_type=True).shape)
+        return tuple(np.shape(var.container.storage[0]))
 
     def set_value(self, var, value):
         """Put ``value`` (host or device array) on this GPU as ``var``'s value."""
@@ -136,7 +190,7 @@ class GpuDevice:
         """``var``'s value as a ready JAX array on this GPU."""
         import jax
 
-        v = var.get_value(borrow=True, return_internal_type=True)
+        v = var.container.storage[0]
         if not isinstance(v, jax.Array):
             v = jax.device_put(np.asarray(v))
             var.container.storage[0] = v
@@ -147,12 +201,13 @@ class GpuDevice:
         for var in shareds:
             self.device_value(var)
 
-    def numpy_interface(self, shareds):
+    def numpy_interface(self, shareds, on_set, before_get):
         """In the master, make ``var.get_value()`` return numpy and
         ``var.set_value()`` keep the value on the GPU, as a PyTensor user expects
-        (``return_internal_type=True`` still gives the JAX array)."""
+        (``return_internal_type=True`` still gives the JAX array).  ``on_set(var)``
+        runs after a new value is set; ``before_get()`` before a value is read."""
         for var in shareds:
-            _numpy_interface(var, self)
+            _numpy_interface(var, self, on_set, before_get)
 
     # -------------------------------------------------------------------- NCCL
     def init_comm(self, n_parallel, rank, uid):
@@ -170,169 +225,228 @@ class GpuDevice:
 
         return nccl.get_unique_id()
 
-    def close(self):
+    def close(self, abort=False):
+        """Leave the communicator; ``abort`` when a collective may be stuck."""
+        self._inflight.clear()
         if self._comm is not None:
             try:
-                self._comm.destroy()
+                if abort:
+                    self._comm.abort()
+                else:
+                    self._comm.destroy()
             except Exception:
                 pass
             self._comm = None
 
-    def _cupy(self, var):
-        import cupy
-
-        return cupy.from_dlpack(self.device_value(var))
-
-    def _to_var(self, var, buf):
+    def synchronize(self, shareds):
+        """Wait until every queued computation and collective on this GPU is done."""
         import jax
 
-        self._stream.synchronize()
-        var.container.storage[0] = jax.dlpack.from_dlpack(buf)
+        for var in shareds:
+            v = var.container.storage[0]
+            if isinstance(v, jax.Array):
+                v.block_until_ready()
+        if self._stream is not None:
+            self._stream.synchronize()
+        self._inflight.clear()
 
-    def _op(self, op):
-        from cupy.cuda import nccl
+    # The collectives below only queue work on the NCCL stream and return: DLPack
+    # makes that stream wait for XLA's writes to an input, and XLA wait for NCCL's
+    # writes to an output, with events on the GPU, not with host synchronisation.
+    # Outputs go to fresh buffers, so nothing XLA may still read is overwritten;
+    # inputs are kept alive until the stream has passed them.  Every rank is told
+    # the shapes by the master; a rank whose own shape differs takes part with a
+    # zero stand-in (so no rank waits forever) and raises afterwards.
 
-        return {"avg": nccl.NCCL_SUM, "sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD,
-                "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}[op]
-
-    def _shape_table(self, var, x):
-        """Every rank's shape of ``var`` (its own is ``x.shape``), exchanged over NCCL
-        so that every rank sees the same table and decides the same way."""
+    def _input(self, var, shape, problems):
+        """(CuPy view of ``var``'s value on the NCCL stream, whether it is the
+        real value or a stand-in of the expected ``shape``)."""
         import cupy
-        from cupy.cuda import nccl
+        import jax
 
-        width = 1 + max(var.ndim, 1)
-        mine = np.zeros(width, dtype=np.int64)
-        mine[0] = x.ndim
-        mine[1:1 + x.ndim] = x.shape
+        value = var.container.storage[0]
+        if not isinstance(value, jax.Array):
+            value = jax.device_put(np.asarray(value))
+            var.container.storage[0] = value
         with self._stream:
-            send = cupy.asarray(mine)
-            recv = cupy.empty(width * self.n_parallel, dtype=cupy.int64)
-            self._comm.allGather(send.data.ptr, recv.data.ptr, width, nccl.NCCL_INT64, self._stream.ptr)
-            table = cupy.asnumpy(recv, stream=self._stream)
-        self._stream.synchronize()
-        rows = table.reshape(self.n_parallel, width)
-        return [tuple(int(d) for d in row[1:1 + row[0]]) for row in rows]
+            if tuple(value.shape) != tuple(shape):
+                problems.append("%s has shape %s on rank %d but the master expected %s"
+                                % (var, tuple(value.shape), self.rank, tuple(shape)))
+                return cupy.zeros(shape, dtype=var.dtype), False
+            return cupy.from_dlpack(value), True
 
-    def _same_shapes(self, var, x, what):
-        shapes = self._shape_table(var, x)
-        if len(set(shapes)) > 1:
-            raise ValueError("cannot %s %s: its shapes differ between ranks: %s" % (what, var, shapes))
+    def _output(self, var, buf):
+        if self._import is None:
+            self._import = _jax_importer()
+        with self._stream:  # DLPack: XLA's stream waits for this one
+            var.container.storage[0] = self._import(buf)
 
-    def nccl_all_reduce(self, variables, op):
-        import cupy
+    def _retire(self, *arrays):
+        """Keep ``arrays`` alive until the NCCL stream has passed this point."""
+        while self._inflight and self._inflight[0][0].done:
+            self._inflight.popleft()
+        self._inflight.append((self._stream.record(), arrays))
+
+    def _wait(self):
+        """Wait for the NCCL stream; the master keeps checking the workers' replies
+        meanwhile (``wait_hook``), so a worker's failure does not hang it."""
+        event = self._stream.record()
+        if self.wait_hook is None:
+            event.synchronize()
+            return
+        while not event.done:
+            self.wait_hook()
+            time.sleep(20e-6)
+
+    @staticmethod
+    def check_collective(variables):
+        """Raise TypeError, before any rank starts, for a dtype NCCL cannot move."""
         from cupy.cuda import nccl
 
         for var in variables:
-            x = self._cupy(var)
-            self._same_shapes(var, x, "reduce")
+            _nccl_dtype(nccl, var.dtype)
+
+    @staticmethod
+    def _raise(problems):
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _op(self, op):
+        if self._ops is None:
+            from cupy.cuda import nccl
+
+            self._ops = {"avg": nccl.NCCL_SUM, "sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD,
+                         "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
+        return self._ops[op]
+
+    def nccl_all_reduce(self, variables, op, shapes):
+        import cupy
+        from cupy.cuda import nccl
+
+        problems = []
+        for var, shape in zip(variables, shapes):
+            x, real = self._input(var, shape, problems)
             with self._stream:
                 out = cupy.empty_like(x)
                 self._comm.allReduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
                                      self._op(op), self._stream.ptr)
                 if op == "avg":
                     out *= x.dtype.type(1.0 / self.n_parallel)
-            self._to_var(var, out)
+            if real:
+                self._output(var, out)
+            self._retire(x)
+        self._raise(problems)
 
-    def nccl_reduce(self, variables, op, root, in_place):
+    def nccl_reduce(self, variables, op, root, in_place, shapes):
         """Reduce into ``root``; returns host results there (None elsewhere)."""
         import cupy
         from cupy.cuda import nccl
 
-        results = []
-        for var in variables:
-            x = self._cupy(var)
-            self._same_shapes(var, x, "reduce")
+        problems, outs = [], []
+        for var, shape in zip(variables, shapes):
+            x, real = self._input(var, shape, problems)
             with self._stream:
                 out = cupy.empty_like(x) if self.rank == root else x
                 self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
                                   self._op(op), root, self._stream.ptr)
-                if self.rank != root:
-                    continue
-                if op == "avg":
+                if self.rank == root and op == "avg":
                     out *= x.dtype.type(1.0 / self.n_parallel)
-            if in_place:
-                self._to_var(var, out)
-            else:
-                self._stream.synchronize()
-                results.append(cupy.asnumpy(out))
-        self._stream.synchronize()
-        return results
+            self._retire(x)
+            if self.rank == root and in_place and real:
+                self._output(var, out)
+            outs.append(out)
+        self._raise(problems)
+        if self.rank != root or in_place:
+            return []
+        self._wait()
+        return [cupy.asnumpy(out) for out in outs]
 
-    def nccl_broadcast(self, variables, root, shapes, dtypes):
-        """Every rank takes ``root``'s values (``shapes`` as on root)."""
+    def nccl_broadcast(self, variables, root, shapes):
+        """Every rank takes ``root``'s values (of ``shapes``)."""
         import cupy
         from cupy.cuda import nccl
 
-        for var, shape, dtype in zip(variables, shapes, dtypes):
+        problems = []
+        for var, shape in zip(variables, shapes):
             if self.rank == root:
-                out = self._cupy(var)
+                buf, _ = self._input(var, shape, problems)
             else:
                 with self._stream:
-                    out = cupy.empty(shape, dtype=dtype)
-            self._comm.bcast(out.data.ptr, int(np.prod(shape, dtype=np.int64)), _nccl_dtype(nccl, dtype),
-                             root, self._stream.ptr)
+                    buf = cupy.empty(shape, dtype=var.dtype)
+            with self._stream:
+                self._comm.bcast(buf.data.ptr, buf.size, _nccl_dtype(nccl, buf.dtype), root, self._stream.ptr)
             if self.rank != root:
-                self._to_var(var, out)
-        self._stream.synchronize()
+                self._output(var, buf)
+            self._retire(buf)
+        self._raise(problems)
 
-    def nccl_gather(self, variables, root):
+    def nccl_gather(self, variables, root, shapes):
         """Root receives every rank's value by point-to-point transfers, sized by
-        the exchanged shapes; returns host arrays per variable, per rank, on root."""
+        ``shapes[var][rank]``; returns host arrays per variable, per rank, on root."""
         import cupy
         from cupy.cuda import nccl
 
-        results = []
-        for var in variables:
-            x = self._cupy(var)
-            shapes = self._shape_table(var, x)
+        problems, results = [], []
+        for var, per_rank in zip(variables, shapes):
+            x, _ = self._input(var, per_rank[self.rank], problems)
             dt = _nccl_dtype(nccl, x.dtype)
-            if self.rank == root:
-                with self._stream:
-                    bufs = [x if r == root else cupy.empty(shapes[r], dtype=x.dtype)
+            with self._stream:
+                if self.rank == root:
+                    bufs = [x if r == root else cupy.empty(per_rank[r], dtype=x.dtype)
                             for r in range(self.n_parallel)]
-                nccl.groupStart()
-                for r, b in enumerate(bufs):
-                    if r != root and b.size:
-                        self._comm.recv(b.data.ptr, b.size, dt, r, self._stream.ptr)
-                nccl.groupEnd()
-                self._stream.synchronize()
-                results.append([cupy.asnumpy(b) for b in bufs])
-            elif x.size:
-                self._comm.send(x.data.ptr, x.size, dt, root, self._stream.ptr)
-        self._stream.synchronize()
-        return results
+                    nccl.groupStart()
+                    for r, b in enumerate(bufs):
+                        if r != root and b.size:
+                            self._comm.recv(b.data.ptr, b.size, dt, r, self._stream.ptr)
+                    nccl.groupEnd()
+                    results.append(bufs)
+                elif x.size:
+                    self._comm.send(x.data.ptr, x.size, dt, root, self._stream.ptr)
+            self._retire(x)
+        self._raise(problems)
+        if self.rank != root:
+            return []
+        self._wait()
+        return [[cupy.asnumpy(b) for b in bufs] for bufs in results]
 
-    def nccl_all_gather(self, variables):
+    def nccl_all_gather(self, variables, shapes):
         """Every rank's value becomes the concatenation (axis 0) of all ranks'
-        values; unequal lengths are padded to the longest and trimmed after."""
+        values (``shapes[var][rank]``); unequal lengths are padded to the longest
+        and trimmed after."""
         import cupy
         from cupy.cuda import nccl
 
-        for var in variables:
-            x = self._cupy(var)
-            shapes = self._shape_table(var, x)
-            if x.ndim == 0 or len({s[1:] for s in shapes}) > 1:
-                raise ValueError("cannot concatenate values of %s with shapes %s along axis 0"
-                                 % (var, shapes))
-            sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-            width = max(sizes)
-            with self._stream:  # copies, NCCL and slicing all in order on one stream
-                send = cupy.zeros(width, dtype=x.dtype)
-                send[:x.size] = x.reshape(-1)
-                recv = cupy.empty(width * self.n_parallel, dtype=x.dtype)
-                self._comm.allGather(send.data.ptr, recv.data.ptr, width, _nccl_dtype(nccl, x.dtype),
-                                     self._stream.ptr)
-                parts = [recv[r * width:r * width + sizes[r]].reshape(shapes[r])
-                         for r in range(self.n_parallel)]
-                joined = cupy.ascontiguousarray(cupy.concatenate(parts))
-            self._to_var(var, joined)
+        problems = []
+        for var, per_rank in zip(variables, shapes):
+            x, real = self._input(var, per_rank[self.rank], problems)
+            dt = _nccl_dtype(nccl, x.dtype)
+            rows = sum(s[0] for s in per_rank)
+            with self._stream:
+                if len(set(per_rank)) == 1:  # rank-major output is already the concatenation
+                    joined = cupy.empty((rows,) + x.shape[1:], dtype=x.dtype)
+                    self._comm.allGather(x.data.ptr, joined.data.ptr, x.size, dt, self._stream.ptr)
+                else:
+                    sizes = [int(np.prod(s, dtype=np.int64)) for s in per_rank]
+                    width = max(sizes)
+                    send = cupy.zeros(width, dtype=x.dtype)
+                    send[:x.size] = x.reshape(-1)
+                    recv = cupy.empty(width * self.n_parallel, dtype=x.dtype)
+                    self._comm.allGather(send.data.ptr, recv.data.ptr, width, dt, self._stream.ptr)
+                    parts = [recv[r * width:r * width + sizes[r]].reshape(per_rank[r])
+                             for r in range(self.n_parallel)]
+                    joined = cupy.ascontiguousarray(cupy.concatenate(parts))
+                    self._retire(send, recv)
+            if real:
+                self._output(var, joined)
+            self._retire(x)
+        self._raise(problems)
 
 
-def _numpy_interface(var, device):
+def _numpy_interface(var, device, on_set, before_get):
     cls_get = type(var).get_value
 
     def get_value(borrow=False, return_internal_type=False):
+        before_get()
         value = cls_get(var, borrow=True, return_internal_type=True)
         if return_internal_type:
             return value
@@ -340,6 +454,7 @@ def _numpy_interface(var, device):
 
     def set_value(new_value, borrow=False):
         device.set_value(var, new_value)
+        on_set(var)
 
     get_value.__doc__ = cls_get.__doc__
     var.get_value = get_value

@@ -152,3 +152,57 @@ print("master_rank=1 passed")
 
 def test_master_rank_1(tmp_path):
     assert "master_rank=1 passed" in _run(MASTER_1, tmp_path)
+
+
+def test_unsupported_dtype_is_refused_before_any_rank_starts(gpu2):
+    b = pytensor.shared(np.zeros(4, dtype="int16"), name="b")
+    synk.function([], outputs=b.sum())
+    synk.distribute()
+    with pytest.raises(TypeError, match="NCCL has no data type for int16; use nccl=False"):
+        synk.all_reduce(b)
+    synk.all_reduce(b, nccl=False)  # the session goes on
+    assert synk.get_value(1, b).tolist() == [0] * 4
+
+
+def test_rank_with_unexpected_shape_takes_part_and_raises(gpu2):
+    """If the master's record of a worker's shape were wrong, that worker joins the
+    collective with a stand-in of the expected size, so nobody waits forever, and
+    its error arrives at the next round trip."""
+    s = pytensor.shared(np.ones(64, dtype="float32"), name="s")
+    synk.function([], outputs=s.sum())
+    synk.distribute()
+    synk.set_value(1, s, np.ones(32, dtype="float32"))
+    rt = synk._runtime.current()
+    rt.shapes[rt.shared_id(s)] = [(64,), (64,)]  # stale on purpose
+    synk.all_reduce(s, op="sum")  # queued; must not hang
+    with pytest.raises(synk.WorkerError) as info:
+        synk.synchronize()
+    assert info.value.rank == 1 and "expected (64,)" in str(info.value)
+    assert "all_reduce" in info.value.worker_traceback
+    np.testing.assert_allclose(s.get_value(), np.ones(64))  # rank 1 added zeros
+    assert synk.get_shapes(s) == [(64,), (32,)]
+    synk.set_value(1, s, np.full(64, 2, dtype="float32"))
+    synk.all_reduce(s, op="sum")
+    np.testing.assert_allclose(synk.get_value(1, s), np.full(64, 3))
+
+
+def test_queued_collectives_are_ordered_with_functions(gpu2):
+    """Collectives return once queued: a long chain of function updates and
+    all-reduces with no synchronisation must give exactly the sequential result."""
+    n, steps = 1 << 22, 25
+    s = pytensor.shared(np.zeros(n, dtype="float32"), name="s", shape=(n,))
+    x = pt.vector("x")
+    # Each rank adds the sum of its rows, then the ranks' values are averaged.
+    step = synk.function([x], updates=[(s, s * 0.5 + pt.sqrt(pt.exp(pt.log1p(x.sum())) - 1))])
+    synk.distribute()
+    rng = np.random.default_rng(1)
+    expect = np.zeros(n, dtype="float64")
+    for _ in range(steps):
+        v = rng.random(8).astype("float32")
+        step(synk.data(v))
+        synk.all_reduce(s, op="avg")
+        halves = [np.sqrt(v[:4].sum()), np.sqrt(v[4:].sum())]
+        expect = expect * 0.5 + sum(halves) / 2
+    for r in range(2):
+        np.testing.assert_allclose(synk.get_value(r, s)[[0, n // 2, n - 1]], expect[[0, n // 2, n - 1]],
+                                   rtol=1e-4)

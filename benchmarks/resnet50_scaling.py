@@ -1,0 +1,200 @@
+"""ResNet-50 training throughput on 1, 2, 4, 8 GPUs: Synkhronos against PyTorch DDP
+on the same model shape, batch and GPUs, measured in the same run.
+
+Synkhronos trains the bottleneck ResNet of ``demos/resnet`` (3,4,6,3 blocks, batch
+norm on batch statistics) with ``extensions.train.make_train_step`` (momentum SGD,
+one flat-gradient all-reduce per step); the images live on the GPUs in sliceable
+shared variables (the demo's gpu_data pattern).  PyTorch trains
+``torchvision.models.resnet50`` with DDP (one process per GPU, NCCL), random images
+already on the GPU.  Both: fp32 parameters and data, each library's default
+convolution precision (TF32 on Hopper for both), ``--batch-size`` images per GPU,
+momentum SGD (learning rate 0.01), and the loss fetched to the host every step.
+Each setting runs in its own processes; images/s is the median over the timed
+steps.
+Targets: Synkhronos scaling efficiency >= 0.97 at 2 GPUs; its 1-GPU images/s
+>= 0.9x PyTorch's.
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+from _common import default_out, machine_info, median, print_machine, table, write_json
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def synk_child(args, n):
+    """Median images/s of Synkhronos on ``n`` GPUs."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "demos", "resnet"))
+    import pytensor
+    import pytensor.tensor as pt
+    from train_resnet import build_resnet
+
+    import synkhronos as synk
+    from synkhronos.extensions import nnet, train, updates
+
+    synk.fork(n, use_gpu=True)
+    fx = pytensor.config.floatX
+    rng = np.random.default_rng(0)
+    blocks = [int(b) for b in args.blocks.split(",")]
+    params, logits = build_resnet(pytensor, pt, nnet, blocks, 64, args.classes, rng)
+    b, size = args.batch_size, args.image_size
+    xs = pytensor.shared(np.zeros((b, 3, size, size), fx), name="images", shape=(b, 3, size, size))
+    ys = pytensor.shared(np.zeros((b, args.classes), fx), name="labels", shape=(b, args.classes))
+    loss = nnet.softmax_cross_entropy(logits(xs), ys)
+    step = train.make_train_step([], loss, params, rule=updates.momentum, sliceable_shareds=[xs, ys],
+                                 learning_rate=0.01, momentum=0.9)
+    t0 = time.perf_counter()
+    synk.distribute()
+    synk.scatter([xs, ys], [rng.standard_normal((b * n, 3, size, size)).astype(fx),
+                            np.eye(args.classes, dtype=fx)[rng.integers(0, args.classes, b * n)]])
+    return _time_steps(lambda: float(step()), b * n, args, "synk", n, t0, synk.close)
+
+
+def ddp_child(args, n):
+    """Median images/s of PyTorch (DDP when n > 1) on ``n`` GPUs."""
+    import torch.multiprocessing as tmp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = tmp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_ddp_rank, args=(r, n, port, args, queue)) for r in range(n)]
+    for p in procs:
+        p.start()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return [r for r in results if r is not None][0]
+
+
+def _ddp_rank(rank, n, port, args, queue):
+    import torch
+    import torchvision
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    model = torchvision.models.resnet50(num_classes=args.classes).cuda()
+    if n > 1:
+        torch.distributed.init_process_group("nccl", rank=rank, world_size=n)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    lossf = torch.nn.CrossEntropyLoss()
+    b, size = args.batch_size, args.image_size
+    x = torch.randn(b, 3, size, size, device="cuda")
+    y = torch.randint(0, args.classes, (b,), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = lossf(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    t0 = time.perf_counter()
+    result = _time_steps(step, b * n, args, "ddp", n, t0, lambda: None, quiet=rank != 0)
+    if n > 1:
+        torch.distributed.destroy_process_group()
+    queue.put(result if rank == 0 else None)
+
+
+def _time_steps(step, images, args, label, n, t0, finish, quiet=False):
+    try:
+        for _ in range(args.warmup):
+            step()
+        ready = time.perf_counter() - t0
+        rates = []
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            loss = step()
+            rates.append(images / (time.perf_counter() - t))
+        if not quiet:
+            print("  %s, %d GPU(s): %.0f images/s (median of %d steps; setup and warm-up %.0f s; "
+                  "last loss %.3f)" % (label, n, median(rates), args.steps, ready, loss), flush=True)
+        return dict(images_per_s=median(rates), rates=rates, setup_s=ready, last_loss=loss)
+    finally:
+        finish()
+
+
+def _run_child(kind, n, argv, timeout):
+    cmd = [sys.executable, os.path.abspath(__file__), "--_child", "%s:%d" % (kind, n)] + argv
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print("  %s on %d GPU(s): no result within %d s" % (kind, n, timeout), flush=True)
+        return None
+    sys.stdout.write("".join(ln + "\n" for ln in out.stdout.splitlines() if ln.startswith("  ")))
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    if out.returncode or not line:
+        print("  %s on %d GPU(s) failed:\n%s" % (kind, n, out.stderr[-2000:]), flush=True)
+        return None
+    return json.loads(line[0][7:])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", default=None, help="comma-separated GPU counts (default: 1,2,4,8 up to all)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per GPU per step")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps (compilation) first")
+    p.add_argument("--blocks", default="3,4,6,3", help="bottleneck blocks per stage (ResNet-50: 3,4,6,3)")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--skip-ddp", action="store_true", help="Synkhronos only")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per setting")
+    p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
+    p.add_argument("--_child", dest="child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child is not None:
+        kind, n = args.child.split(":")
+        fn = synk_child if kind == "synk" else ddp_child
+        print("RESULT " + json.dumps(fn(args, int(n))), flush=True)
+        return None
+    from synkhronos._devices.gpu import visible_gpus
+
+    available = len(visible_gpus())
+    if available < 1:
+        raise SystemExit("resnet50_scaling.py needs a GPU")
+    ns = [int(g) for g in args.gpus.split(",")] if args.gpus else [g for g in (1, 2, 4, 8) if g <= available]
+    info = machine_info()
+    info["gpus"] = available
+    print_machine(info)
+    passed = list(argv if argv is not None else sys.argv[1:])
+    results = {}
+    for n in ns:
+        for kind in ("synk",) + (() if args.skip_ddp else ("ddp",)):
+            results[(kind, n)] = _run_child(kind, n, passed, args.timeout)
+    rows, records = [], []
+
+    def rate(kind, n):
+        r = results.get((kind, n))
+        return None if r is None else r["images_per_s"]
+
+    for n in ns:
+        s, d = rate("synk", n), rate("ddp", n)
+        s1, d1 = rate("synk", ns[0]), rate("ddp", ns[0])
+        eff = None if s is None or s1 is None else s / s1 / (n / ns[0])
+        d_eff = None if d is None or d1 is None else d / d1 / (n / ns[0])
+        records.append(dict(gpus=n, synk_images_per_s=s, ddp_images_per_s=d, synk_efficiency=eff,
+                            ddp_efficiency=d_eff, synk_over_ddp=None if s is None or not d else s / d,
+                            synk=results.get(("synk", n)), ddp=results.get(("ddp", n))))
+        rows.append([n] + ["-" if v is None else fmt % v for v, fmt in
+                           ((s, "%.0f"), (eff, "%.3f"), (d, "%.0f"), (d_eff, "%.3f"),
+                            (None if s is None or not d else s / d, "%.2f"))])
+    print("\nResNet (blocks %s), fp32, batch %d per GPU, %d px: images/s (median of %d steps)"
+          % (args.blocks, args.batch_size, args.image_size, args.steps))
+    print(table(["GPUs", "synk img/s", "synk efficiency", "DDP img/s", "DDP efficiency", "synk/DDP"], rows))
+    print("targets: synk efficiency >= 0.97 at 2 GPUs; synk/DDP >= 0.9 on 1 GPU")
+    write_json(args.out or default_out(__file__), {"machine": info, "args": vars(args), "results": records})
+    return records
+
+
+if __name__ == "__main__":
+    main()

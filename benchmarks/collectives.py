@@ -20,6 +20,7 @@ import numpy as np
 from _common import default_out, machine_info, median, print_machine, table, write_json
 
 OPS = ("all_reduce", "broadcast", "all_gather")
+TINY = np.zeros(1, dtype="float32")  # the variables' size when not being timed
 
 
 def _busbw(op, n, nbytes, seconds):
@@ -123,7 +124,6 @@ def _gather_copies(nbytes, n, iters):
 def _time_size(synk, nb, s, gs, iters):
     """Time the three ops on ``nb``-byte values: ``s`` for all_reduce and
     broadcast, the copies ``gs`` for all_gather."""
-    tiny = np.zeros(1, dtype="float32")
     zeros = np.zeros(nb // 4, dtype="float32")
     out = {}
     synk.broadcast(s, zeros)  # all-reducing zeros keeps the values finite
@@ -141,7 +141,7 @@ def _time_size(synk, nb, s, gs, iters):
     out[("all_gather", nb)] = _timed(lambda i: synk.all_gather(gs[i]), len(gs), synk.synchronize,
                                      between=reset, warm=len(gs))
     for v in gs + [s]:
-        synk.broadcast(v, tiny)  # give the memory back
+        synk.broadcast(v, TINY)  # give the memory back
     return out
 
 
@@ -154,7 +154,7 @@ def synk_collectives(n, sizes, iters):
 
     synk.fork(n, use_gpu=True)
     try:
-        tiny = np.zeros(1, dtype="float32")
+        tiny = TINY
         main = {nb: pytensor.shared(tiny, name="s%d" % nb) for nb in sizes}
         copies = {nb: [pytensor.shared(tiny, name="g%d_%d" % (nb, k))
                        for k in range(_gather_copies(nb, n, iters))] for nb in sizes}

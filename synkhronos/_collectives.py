@@ -299,20 +299,25 @@ def gather(shared_vars, nd_up=1, nccl=True):
     results = []
     for k, var in enumerate(variables):
         values = [arrays[r][k] for r in range(rt.n_parallel)]
-        results.append(_join(values, nd_up, var))
+        results.append(_join(values, nd_up, var, hint="; use nd_up=1"))
     return _result(results, single)
 
 
-def _join(values, nd_up, var):
+def _check_concatenable(var, shapes, hint=""):
+    """Raise ValueError unless values of ``shapes`` (one per rank) concatenate
+    along axis 0."""
+    if len(shapes[0]) == 0:
+        raise ValueError("cannot concatenate 0-d values of %s%s" % (var, hint))
+    if len({s[1:] for s in shapes}) > 1:
+        raise ValueError("cannot concatenate values of %s with shapes %s along axis 0" % (var, list(shapes)))
+
+
+def _join(values, nd_up, var, hint=""):
     if nd_up == 1:
         if len({v.shape for v in values}) == 1:
             return np.stack(values)
         return [np.array(v) for v in values]
-    if values[0].ndim == 0:
-        raise ValueError("cannot concatenate 0-d values of %s; use nd_up=1" % (var,))
-    if len({v.shape[1:] for v in values}) > 1:
-        raise ValueError("cannot concatenate values of %s with shapes %s along axis 0"
-                         % (var, [v.shape for v in values]))
+    _check_concatenable(var, [v.shape for v in values], hint)
     return np.concatenate(values)
 
 
@@ -325,9 +330,7 @@ def all_gather(shared_vars, nccl=True):
     if use_nccl:
         table = _shape_table(rt, variables, ids)
         for var, per_rank in zip(variables, table):
-            if len(per_rank[0]) == 0 or len({s[1:] for s in per_rank}) > 1:
-                raise ValueError("cannot concatenate values of %s with shapes %s along axis 0"
-                                 % (var, per_rank))
+            _check_concatenable(var, per_rank)
         _device_collective(rt, "all_gather", ids, (table,))
         for i, per_rank in zip(ids, table):
             joined = (sum(s[0] for s in per_rank),) + per_rank[0][1:]

@@ -5,6 +5,7 @@ memory and the registry of functions, shared variables and Data objects.
 
 import atexit
 import collections
+import contextlib
 import json
 import os
 import pickle
@@ -220,13 +221,9 @@ class Runtime:
             If a worker raised (the lowest such rank is reported) or died.
         """
         self._check_open()
-        try:
+        with self._interrupt_closes():
             self._settle()
             return self._round_trip(cmd, payload, ranks, local)
-        except KeyboardInterrupt:
-            # Replies may still be in flight: the channels cannot be trusted any more.
-            self._fail_closed()
-            raise
 
     def post(self, cmd, payload=None, ranks=None, local=None):
         """Send ``cmd`` to workers and run ``local()`` here without waiting for
@@ -239,14 +236,12 @@ class Runtime:
         committed to a collective that the master will not join.
         """
         self._check_open()
-        try:
-            per_rank = isinstance(payload, dict)
-            if ranks is None:
-                ranks = sorted(payload) if per_rank else self.worker_ranks
+        with self._interrupt_closes():
+            ranks = self._ranks_for(payload, ranks)
             for r in ranks:
                 w = self.workers[r]
                 if len(w.owed) >= _MAX_OWED:
-                    self._read_owed(w, count=1)
+                    self._read_owed(w)
             sent, dead = self._send(cmd, payload, ranks)
             for r in sent:
                 self.workers[r].owed.append(cmd.name.lower())
@@ -259,15 +254,19 @@ class Runtime:
             except Exception:
                 self._fail_closed()
                 raise
-        except KeyboardInterrupt:
-            self._fail_closed()
-            raise
 
     def settle(self):
         """Read every reply still owed for posted commands; raise the first failure."""
         self._check_open()
-        try:
+        with self._interrupt_closes():
             self._settle()
+
+    @contextlib.contextmanager
+    def _interrupt_closes(self):
+        """Ctrl-C while talking to the workers closes the session: replies may still
+        be in flight, so the channels cannot be trusted any more."""
+        try:
+            yield
         except KeyboardInterrupt:
             self._fail_closed()
             raise
@@ -279,7 +278,7 @@ class Runtime:
         for w in self.workers.values():
             while w.owed and w.conn.poll(0):
                 try:
-                    self._read_owed(w, count=1)
+                    self._read_owed(w)
                 except WorkerError:
                     self._fail_closed()
                     raise
@@ -289,39 +288,38 @@ class Runtime:
             raise RuntimeError("Synkhronos is closed: call synkhronos.fork() to start again")
 
     def _settle(self):
+        """Read every owed reply; then raise the failure of the lowest rank, if any."""
         failure = None
         for w in self.workers.values():
-            try:
-                self._read_owed(w, count=len(w.owed))
-            except WorkerError as exc:
-                if exc.exc_type == "WorkerDied":
-                    raise
-                failure = exc if failure is None or exc.rank < failure.rank else failure
-                self._settle_rest(w)
+            while w.owed:
+                try:
+                    self._read_owed(w)
+                except WorkerError as exc:
+                    if exc.exc_type == "WorkerDied":
+                        raise
+                    if failure is None or exc.rank < failure.rank:
+                        failure = exc
         if failure is not None:
             raise failure
 
-    def _settle_rest(self, w):
-        while w.owed:
-            try:
-                self._read_owed(w, count=1)
-            except WorkerError as exc:
-                if exc.exc_type == "WorkerDied":
-                    raise
+    def _read_owed(self, w):
+        """Read worker ``w``'s oldest owed reply; raise WorkerError if it failed."""
+        label = w.owed.popleft()
+        try:
+            okay, result = recv(w.conn)
+        except (EOFError, OSError):
+            self._died(w.rank)
+        if not okay:
+            exc_type, message, tb = result
+            raise WorkerError(w.rank, exc_type, "%s (during an earlier %s, which returned before "
+                              "the workers finished it)" % (message, label), tb)
 
-    def _read_owed(self, w, count):
-        """Read ``count`` owed replies of worker ``w``; raise on the first failure
-        (the ones after it stay owed)."""
-        for _ in range(count):
-            label = w.owed.popleft()
-            try:
-                okay, result = recv(w.conn)
-            except (EOFError, OSError):
-                self._died(w.rank)
-            if not okay:
-                exc_type, message, tb = result
-                raise WorkerError(w.rank, exc_type, "%s (during an earlier %s, which returned before "
-                                  "the workers finished it)" % (message, label), tb)
+    def _ranks_for(self, payload, ranks):
+        """The worker ranks a command goes to: ``ranks``, else the keys of a
+        per-rank ``payload``, else every worker."""
+        if ranks is not None:
+            return ranks
+        return sorted(payload) if isinstance(payload, dict) else self.worker_ranks
 
     def _send(self, cmd, payload, ranks):
         per_rank = isinstance(payload, dict)
@@ -344,10 +342,7 @@ class Runtime:
                           "Synkhronos has been closed" % code)
 
     def _round_trip(self, cmd, payload, ranks, local):
-        per_rank = isinstance(payload, dict)
-        if ranks is None:
-            ranks = sorted(payload) if per_rank else self.worker_ranks
-        sent, dead = self._send(cmd, payload, ranks)
+        sent, dead = self._send(cmd, payload, self._ranks_for(payload, ranks))
         local_result, local_exc = None, None
         if local is not None:
             try:

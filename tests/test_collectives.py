@@ -110,13 +110,25 @@ def test_gather_scalar(env):
         synk.gather(env.c, nd_up=0)
 
 
-def test_all_gather(env):
-    values = [rand(env, r + 2, 3) for r in range(env.n)]
+@pytest.mark.parametrize("even", [False, True], ids=["uneven", "even"])
+def test_all_gather(env, even):
+    values = [rand(env, 2 if even else r + 2, 3) for r in range(env.n)]
     set_each(env, env.a, values)
     synk.all_gather(env.a)
     full = np.concatenate(values)
     for r in range(env.n):
         close(synk.get_value(r, env.a), full)
+
+
+def test_all_gather_refuses_what_does_not_concatenate(env):
+    values = [rand(env, 2, 3 + r) for r in range(env.n)]  # trailing shapes differ
+    set_each(env, env.a, values)
+    with pytest.raises(ValueError, match="cannot concatenate values of a with shapes"):
+        synk.all_gather(env.a)
+    for r in range(env.n):  # nothing changed
+        close(synk.get_value(r, env.a), values[r])
+    with pytest.raises(ValueError, match="cannot concatenate 0-d values of c"):
+        synk.all_gather(env.c)
 
 
 @pytest.mark.parametrize("op,fn", [("avg", np.mean), ("sum", np.sum), ("prod", np.prod),

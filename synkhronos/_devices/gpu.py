@@ -186,15 +186,20 @@ class GpuDevice:
             value = np.array(value, dtype=var.dtype, copy=True)
         var.container.storage[0] = jax.device_put(value)
 
-    def device_value(self, var):
-        """``var``'s value as a ready JAX array on this GPU."""
+    @staticmethod
+    def _jax_value(var):
+        """``var``'s value as a JAX array on this GPU (put there if it is not yet)."""
         import jax
 
         v = var.container.storage[0]
         if not isinstance(v, jax.Array):
             v = jax.device_put(np.asarray(v))
             var.container.storage[0] = v
-        return v.block_until_ready()
+        return v
+
+    def device_value(self, var):
+        """``var``'s value as a ready JAX array on this GPU."""
+        return self._jax_value(var).block_until_ready()
 
     def place_shareds(self, shareds):
         """Move every shared value onto this GPU (once, at distribution)."""
@@ -262,12 +267,8 @@ class GpuDevice:
         """(CuPy view of ``var``'s value on the NCCL stream, whether it is the
         real value or a stand-in of the expected ``shape``)."""
         import cupy
-        import jax
 
-        value = var.container.storage[0]
-        if not isinstance(value, jax.Array):
-            value = jax.device_put(np.asarray(value))
-            var.container.storage[0] = value
+        value = self._jax_value(var)
         with self._stream:
             if tuple(value.shape) != tuple(shape):
                 problems.append("%s has shape %s on rank %d but the master expected %s"

@@ -8,6 +8,8 @@ together at ``distribute()``, so the shared variables of all functions keep thei
 correspondence in every worker.
 """
 
+import copy
+
 import numpy as np
 
 from ._plan import (
@@ -19,7 +21,7 @@ from ._plan import (
 )
 from ._reduce import Accumulator
 
-__all__ = ["FunctionCore"]
+__all__ = ["FunctionCore", "reseed_generators"]
 
 
 class FunctionCore:
@@ -143,9 +145,9 @@ class FunctionCore:
         ``pytensor.function`` does for numpy inputs); each rank casts its rows."""
         return [a if a.dtype == dt else a.astype(dt) for a, dt in zip(arrays, self.in_dtypes)]
 
-    def _share_length(self, share_sel, need_equal):
-        # The internal value: on GPU ranks this is the device array, so no copy.
-        lengths = [s.get_value(borrow=True, return_internal_type=True).shape[0] for s in self.sliceable]
+    def _share_length(self, device, share_sel, need_equal):
+        # Through the device: no copy, and in the master no wait for posted work.
+        lengths = [device.shape(s)[0] for s in self.sliceable]
         if share_sel is None:
             if need_equal and len(set(lengths)) > 1:
                 raise ValueError(
@@ -186,7 +188,7 @@ class FunctionCore:
             n_rows = len(scattered[0][0]) if scattered[0][1] is None else selection_length(scattered[0][1])
         share_len = None
         if self.sliceable and (share_sel is not None or num_slices > 1 or n_rows is None):
-            share_len = self._share_length(share_sel, need_equal=num_slices > 1)
+            share_len = self._share_length(device, share_sel, need_equal=num_slices > 1)
             if n_rows is not None and (share_sel is not None or num_slices > 1) and share_len != n_rows:
                 raise ValueError(
                     "scattered inputs give %d rows on this rank but the sliceable shared "
@@ -243,3 +245,30 @@ def _combine_slices(acc):
     if result[0].ndim == 0:
         return np.stack(result)
     return np.concatenate(result)
+
+
+def _reseeded(value, rank):
+    """A generator for ``rank`` derived from numpy ``Generator`` ``value``; None
+    for any other value."""
+    if not isinstance(value, np.random.Generator):
+        return None
+    entropy = [int(e) for e in copy.deepcopy(value).integers(0, 2**63, size=4)]
+    seq = np.random.SeedSequence(entropy, spawn_key=(rank,))
+    return np.random.Generator(type(value.bit_generator)(seq))
+
+
+def reseed_generators(shareds, cores, rank):
+    """Give rank ``rank`` its own random stream, so that dropout and other
+    sampling differ between ranks instead of repeating the same draws on every
+    part of the batch.  Reseeds every numpy ``Generator`` shared variable
+    (``pt.random``, ``RandomStream``) and any copy a compiled function holds
+    instead of the variable's own.  The new seed comes from the current
+    state and the rank, so a seeded run is reproducible."""
+    cells = [var.container.storage for var in shareds]
+    for core in cores:
+        for fn in core._variants.values():
+            cells += [c.storage for c in fn.input_storage]
+    for cell in {id(c): c for c in cells}.values():  # a cell shared by functions once
+        new = _reseeded(cell[0], rank)
+        if new is not None:
+            cell[0] = new

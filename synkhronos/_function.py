@@ -354,6 +354,14 @@ class Function:
             For malformed arguments.
         WorkerError
             If the function failed in a worker.
+
+        Notes
+        -----
+        On GPU ranks, a call that returns no outputs and takes no ``Data``
+        inputs (say, a parameter update, or a step on ``sliceable_shareds``)
+        returns once every rank has queued it, like the collectives.  A worker's
+        error in it is raised by the next call, collective or ``synchronize()``
+        that waits for the workers.
         """
         rt = _runtime.require(distributed=True)
         if rt is not self._rt:
@@ -400,7 +408,13 @@ class Function:
         # Compile a new variant here first: workers then load it from PyTensor's warm cache
         # instead of each compiling it at once.
         core.prepare(subset, num_slices, share_sels[m])
+        # Queued devices: a call with nothing to return and no Data to read (which
+        # the user may overwrite once the call returns) need not wait for the workers.
+        posted = rt.device.queued and not subset and not ordered
         try:
+            if posted:
+                rt.post(Command.CALL, payloads, local=local, binding=False)
+                return []
             mine, replies = rt.request(Command.CALL, payloads, local=local)
         finally:
             for i in self._reshaped_ids(rt):

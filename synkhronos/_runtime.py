@@ -17,6 +17,7 @@ import weakref
 from multiprocessing.connection import Connection
 
 from . import _shmem
+from ._core import reseed_generators
 from ._devices import cpu
 from ._exchange import ExchangeBuffer
 from ._protocol import Command, recv
@@ -225,15 +226,17 @@ class Runtime:
             self._settle()
             return self._round_trip(cmd, payload, ranks, local)
 
-    def post(self, cmd, payload=None, ranks=None, local=None):
+    def post(self, cmd, payload=None, ranks=None, local=None, binding=True):
         """Send ``cmd`` to workers and run ``local()`` here without waiting for
         the workers' replies: they are read by the next ``request()`` or
         ``settle()``, which raise any failure then.  For device work that the
-        ranks only queue (NCCL collectives): the device orders it, so no barrier
-        is needed.  Arguments as for ``request``; returns ``local()``'s result.
+        ranks only queue (NCCL collectives, function calls without results): the
+        device orders it, so no barrier is needed.  Arguments as for ``request``;
+        returns ``local()``'s result.
 
-        If ``local()`` raises, the session is closed: the workers are already
-        committed to a collective that the master will not join.
+        If ``local()`` raises and the command is ``binding`` (a collective), the
+        session is closed: the workers are already committed to a collective
+        that the master will not join.  Otherwise the error is raised as it is.
         """
         self._check_open()
         with self._interrupt_closes():
@@ -249,6 +252,8 @@ class Runtime:
                 self._died(dead)
             if local is None:
                 return None
+            if not binding:
+                return local()
             try:
                 return local()
             except Exception:
@@ -377,9 +382,14 @@ class Runtime:
 
     # ----------------------------------------------------------------- lifecycle
     def distribute(self):
+        self.device.check_distributable(self.functions_cores())
         payload = pickle.dumps((self.functions_cores(), self.shareds), protocol=pickle.HIGHEST_PROTOCOL)
+        def local():
+            reseed_generators(self.shareds, self.functions_cores(), self.master_rank)
+            self.device.place_shareds(self.shareds)
+
         self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False), payload),
-                     local=lambda: self.device.place_shareds(self.shareds))
+                     local=local)
         if self.device.nccl:
             self.device.numpy_interface(self.shareds, on_set=self.forget_shape,
                                         before_get=self._settle_if_open)

@@ -14,6 +14,7 @@ import tempfile
 import threading
 
 from . import _shmem
+from ._core import reseed_generators
 from ._exchange import ExchangeBuffer, receive
 from ._plan import take_rows
 from ._protocol import Command, failure, ok, recv
@@ -69,6 +70,7 @@ def _distribute(state, payload):
         if str(getattr(pytensor.config, name)) != value:
             setattr(pytensor.config, name, value)
     state.cores, state.shareds = pickle.loads(blob)
+    reseed_generators(state.shareds, state.cores, state.rank)
     state.device.place_shareds(state.shareds)
 
 

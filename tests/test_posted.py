@@ -190,3 +190,56 @@ def test_shape_record_is_reused_until_something_may_change_it(monkeypatch):
         assert synk.get_shapes([free, fixed]) == [[(9,), (2,)], [(3,), (3,)]]
     finally:
         synk.close()
+
+
+# ------------------------------------------------- function calls queued like collectives
+
+
+@pytest.fixture
+def queued_session(monkeypatch):
+    """3 CPU ranks whose device claims to queue its work (as GPU ranks do), so
+    that calls with nothing to return are posted; ``d`` is a sliceable 4-vector."""
+    synk.close()
+    synk.fork(3, use_gpu=False)
+    rt = _runtime.current()
+    monkeypatch.setattr(rt.device, "queued", True)
+    d = pytensor.shared(np.arange(4, dtype=F32), name="d")
+    acc = pytensor.shared(np.zeros((), dtype=F32), name="acc")
+    add = synk.function([], updates=[(acc, acc + d.sum())], sliceable_shareds=[d])
+    x = pt.vector("x", dtype=F32)
+    add_x = synk.function([x], updates=[(acc, acc + x.sum())])
+    synk.distribute()
+    yield rt, acc, add, add_x
+    synk.close()
+
+
+def test_call_without_results_is_posted_and_computes_the_same(queued_session):
+    rt, acc, add, add_x = queued_session
+    assert add() == []
+    assert all(len(w.owed) == 1 for w in rt.workers.values())
+    add(batch_s=[slice(1, 3)] * 3)
+    assert [float(synk.get_value(r, acc)) for r in range(3)] == [6.0 + 3.0] * 3
+    assert all(not w.owed for w in rt.workers.values())
+    # A call reading Data is not posted: the user may overwrite the Data once it returns.
+    add_x(synk.data(np.ones(6, dtype=F32)))
+    assert all(not w.owed for w in rt.workers.values())
+
+
+def test_posted_call_failure_in_a_worker_comes_at_the_next_round_trip(queued_session):
+    rt, acc, add, _ = queued_session
+    add(batch_s=[slice(0, 2), slice(0, 9), slice(0, 2)])  # rank 1 has no 9 rows
+    with pytest.raises(synk.WorkerError) as info:
+        synk.get_value(0, acc)
+    assert info.value.rank == 1 and "during an earlier call" in str(info.value)
+    assert "sliceable shared variable" in str(info.value)
+    add()  # the session goes on
+    assert [float(synk.get_value(r, acc)) for r in range(3)] == [1.0 + 6.0, 6.0, 1.0 + 6.0]
+
+
+def test_posted_call_failure_in_the_master_keeps_the_session(queued_session):
+    rt, acc, add, _ = queued_session
+    with pytest.raises(ValueError, match="sliceable shared variable"):
+        add(batch_s=[slice(0, 9), slice(0, 2), slice(0, 2)])
+    # No collective was involved, so nothing is stuck: the workers' parts ran.
+    assert not rt.closed
+    assert [float(synk.get_value(r, acc)) for r in range(3)] == [0.0, 1.0, 1.0]

@@ -22,8 +22,9 @@ RULES = {
     "adamax": (updates.adamax, dict(learning_rate=0.05)),
 }
 ROWS, N_IN, N_OUT = 23, 5, 3
-# (batch, num_slices) of the k steps: all rows, a shuffled index list, a sliced slice.
-STEPS = [(None, 1), ([4, 17, 0, 9, 9, 22, 13, 2, 6, 11], 1), (slice(3, 20), 2)]
+# (batch, num_slices) of the k steps: all rows, a shuffled index list, a sliced slice,
+# and 2 rows, so that one rank gets none after having had some.
+STEPS = [(None, 1), ([4, 17, 0, 9, 9, 22, 13, 2, 6, 11], 1), (slice(3, 20), 2), ([5, 7], 1)]
 
 
 def model(rng):
@@ -139,3 +140,39 @@ def test_make_train_step_needs_inputs():
     x, y, params, loss = model(np.random.default_rng(0))
     with pytest.raises(TypeError, match="sliceable shared"):
         train.make_train_step([], loss, params)
+
+
+def _softmax_loss(x, y, params):
+    w, b = params
+    logits = x.dot(w) + b
+    return -(y * (logits - pt.logsumexp(logits, axis=1, keepdims=True))).sum(axis=1).mean()
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_step_on_no_rows_raises_and_keeps_parameters_finite(queued, monkeypatch):
+    """With no rows anywhere the step raises.  On a queued device (calls without
+    results are posted) the update has run by then, with a zero gradient, and
+    must not write NaN into the parameters."""
+    synk.close()
+    synk.fork(2, use_gpu=False)
+    try:
+        fx = pytensor.config.floatX
+        rng = np.random.default_rng(3)
+        data_x = pytensor.shared(rng.standard_normal((6, N_IN)).astype(fx), name="data_x")
+        data_y = pytensor.shared(np.eye(N_OUT, dtype=fx)[rng.integers(0, N_OUT, 6)], name="data_y")
+        _, _, params, _ = model(rng)
+        step = train.make_train_step([], _softmax_loss(data_x, data_y, params), params,
+                                     sliceable_shareds=[data_x, data_y], learning_rate=0.5)
+        synk.distribute()
+        monkeypatch.setattr(synk._runtime.current().device, "queued", queued)
+        before = params[0].get_value()
+        assert np.isfinite(step(batch_s=slice(0, 3)))
+        moved = [p.get_value() for p in params]
+        assert not np.allclose(moved[0], before)
+        with pytest.raises(ValueError, match="no rows"):
+            step(batch_s=slice(0, 0))
+        for r in range(2):
+            for p, m in zip(params, moved):
+                np.testing.assert_allclose(synk.get_value(r, p), m, rtol=1e-6)
+    finally:
+        synk.close()

@@ -24,6 +24,7 @@ class CpuDevice:
     name = "cpu"
     label = "CPU cores"
     nccl = False
+    queued = False  # a call's work is done when its reply comes
 
     def available(self):
         return usable_cores()
@@ -33,6 +34,10 @@ class CpuDevice:
         unless the user already fixed them."""
         threads = str(max(1, usable_cores() // n_parallel))
         return {v: os.environ.get(v, threads) for v in _THREAD_VARS}
+
+    @staticmethod
+    def check_distributable(cores):
+        """Every function can go to CPU workers."""
 
     def setup_master(self, rank):
         """Nothing to set up: the master keeps its own threads."""

@@ -56,6 +56,8 @@ def gpu_stack_available():
     return find_spec("jax") is not None and find_spec("cupy") is not None
 
 
+# Inputs of queued collectives the host may hold before it waits for the GPU.
+_INFLIGHT_BYTES = 2 << 30
 _NCCL_DTYPES = {}  # numpy dtype name -> NCCL data type, filled on first use
 
 
@@ -117,12 +119,14 @@ class GpuDevice:
     name = "gpu"
     label = "GPUs"
     nccl = True
+    queued = True  # device work is queued: calls without results need not wait for replies
 
     def __init__(self, gpu_ids=None):
         self.gpu_ids = visible_gpus() if gpu_ids is None else list(gpu_ids)
         self._comm = None
         self._stream = None
-        self._inflight = collections.deque()  # (event, arrays the NCCL stream still uses)
+        self._inflight = collections.deque()  # (event, arrays the NCCL stream still uses, bytes)
+        self._held = 0  # bytes in _inflight
         self.n_parallel = None
         self.rank = None
         self.wait_hook = None  # called while the master waits on its GPU
@@ -201,10 +205,30 @@ class GpuDevice:
         """``var``'s value as a ready JAX array on this GPU."""
         return self._jax_value(var).block_until_ready()
 
+    @staticmethod
+    def check_distributable(cores):
+        """Refuse functions that draw random numbers: PyTensor's JAX backend
+        compiles its own copy of the generator into them, and cannot unpickle a
+        function holding that copy, so the workers would fail to load it."""
+        from pytensor.graph.traversal import ancestors
+        from pytensor.tensor.random.type import RandomType
+
+        for core in cores:
+            graph = list(core.outputs) + [u for _, u in core.updates] + [g for _, g in core.givens]
+            for var in ancestors(graph):
+                if isinstance(var.type, RandomType) and var.owner is None:
+                    raise TypeError(
+                        "function %r uses the random generator %s, which GPU ranks cannot take "
+                        "yet (PyTensor cannot unpickle a JAX function holding one); use CPU "
+                        "workers (fork(use_gpu=False)) for functions that draw random numbers"
+                        % (core.plain.name, var))
+
     def place_shareds(self, shareds):
-        """Move every shared value onto this GPU (once, at distribution)."""
+        """Move every array-valued shared variable onto this GPU (once, at
+        distribution); others, like random generators, stay as they are."""
         for var in shareds:
-            self.device_value(var)
+            if _is_array(var.container.storage[0]):
+                self.device_value(var)
 
     def numpy_interface(self, shareds, on_set, before_get):
         """In the master, make ``var.get_value()`` return numpy and
@@ -212,7 +236,8 @@ class GpuDevice:
         (``return_internal_type=True`` still gives the JAX array).  ``on_set(var)``
         runs after a new value is set; ``before_get()`` before a value is read."""
         for var in shareds:
-            _numpy_interface(var, self, on_set, before_get)
+            if _is_array(var.container.storage[0]):
+                _numpy_interface(var, self, on_set, before_get)
 
     # -------------------------------------------------------------------- NCCL
     def init_comm(self, n_parallel, rank, uid):
@@ -233,6 +258,7 @@ class GpuDevice:
     def close(self, abort=False):
         """Leave the communicator; ``abort`` when a collective may be stuck."""
         self._inflight.clear()
+        self._held = 0
         if self._comm is not None:
             try:
                 if abort:
@@ -254,6 +280,7 @@ class GpuDevice:
         if self._stream is not None:
             self._stream.synchronize()
         self._inflight.clear()
+        self._held = 0
 
     # The collectives below only queue work on the NCCL stream and return: DLPack
     # makes that stream wait for XLA's writes to an input, and XLA wait for NCCL's
@@ -283,15 +310,27 @@ class GpuDevice:
             var.container.storage[0] = self._import(buf)
 
     def _retire(self, *arrays):
-        """Keep ``arrays`` alive until the NCCL stream has passed this point."""
-        while self._inflight and self._inflight[0][0].done:
-            self._inflight.popleft()
-        self._inflight.append((self._stream.record(), arrays))
+        """Keep ``arrays`` alive until the NCCL stream has passed this point.  If
+        more than ``_INFLIGHT_BYTES`` are held so, wait for the oldest: the host
+        may run far ahead of the GPU, and each queued call holds its inputs."""
+        queue = self._inflight
+        while queue and queue[0][0].done:
+            self._held -= queue.popleft()[2]
+        nbytes = sum(a.nbytes for a in arrays)
+        queue.append((self._stream.record(), arrays, nbytes))
+        self._held += nbytes
+        while self._held > _INFLIGHT_BYTES and len(queue) > 1:
+            event, _, old = queue.popleft()
+            self._wait_for(event)
+            self._held -= old
 
     def _wait(self):
-        """Wait for the NCCL stream; the master keeps checking the workers' replies
+        """Wait for the NCCL stream (see ``_wait_for``)."""
+        self._wait_for(self._stream.record())
+
+    def _wait_for(self, event):
+        """Wait for ``event``; the master keeps checking the workers' replies
         meanwhile (``wait_hook``), so a worker's failure does not hang it."""
-        event = self._stream.record()
         if self.wait_hook is None:
             event.synchronize()
             return
@@ -441,6 +480,13 @@ class GpuDevice:
                 self._output(var, joined)
             self._retire(x)
         self._raise(problems)
+
+
+def _is_array(value):
+    """Whether ``value`` is a tensor's value (a random generator, say, is not)."""
+    import jax
+
+    return isinstance(value, (np.ndarray, np.generic, jax.Array))
 
 
 def _numpy_interface(var, device, on_set, before_get):

@@ -228,3 +228,65 @@ def test_jax_importer_takes_the_fast_path_and_keeps_values():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_calls_without_results_are_queued_in_order_and_errors_come_later(gpu2):
+    """A call with no outputs and no Data returns once queued (as the training step's
+    gradient and update calls do); chained with all-reduces and unsynchronised it
+    must still give the sequential result, and a worker's error in it must reach
+    the master at the next round trip."""
+    n, steps = 1 << 20, 20
+    d = pytensor.shared(np.arange(8, dtype="float32"), name="d")
+    s = pytensor.shared(np.zeros(n, dtype="float32"), name="s", shape=(n,))
+    step = synk.function([], updates=[(s, s * 0.5 + pt.sqrt(d.sum()))], sliceable_shareds=[d])
+    synk.distribute()
+    synk.scatter(d, np.arange(8, dtype="float32"))  # rank 0: 0..3, rank 1: 4..7
+    rt = synk._runtime.current()
+    expect = 0.0
+    for k in range(steps):
+        lo = k % 3
+        step(batch_s=slice(lo, lo + 1 + k % 2))
+        assert all(len(w.owed) > 0 for w in rt.workers.values())  # nothing waited for the worker
+        synk.all_reduce(s, op="sum")
+        rows = np.arange(lo, lo + 1 + k % 2)
+        expect = 2 * expect * 0.5 + np.sqrt(rows.sum()) + np.sqrt((rows + 4).sum())
+    for r in range(2):
+        np.testing.assert_allclose(synk.get_value(r, s)[[0, n - 1]], [expect] * 2, rtol=1e-5)
+    step(batch_s=[slice(0, 2), slice(0, 9)])  # rank 1 has 4 rows
+    with pytest.raises(synk.WorkerError) as info:
+        synk.synchronize()
+    assert info.value.rank == 1 and "during an earlier call" in str(info.value)
+    step(batch_s=slice(0, 1))
+    synk.synchronize()
+
+
+def test_queued_collectives_hold_bounded_memory(gpu2, monkeypatch):
+    """Each queued collective keeps its input alive until the GPU has used it; the
+    host waits for the oldest once more than _INFLIGHT_BYTES are held (set small
+    here, in the master), instead of piling up buffers, and values stay right."""
+    from synkhronos._devices import gpu
+
+    # 256 MB all-reduces take longer on the GPU than to queue, so the host runs ahead.
+    monkeypatch.setattr(gpu, "_INFLIGHT_BYTES", 300 << 20)
+    size = 1 << 26
+    s = pytensor.shared(np.ones(size, dtype="float32"), name="s", shape=(size,))
+    synk.function([], outputs=s.sum())
+    synk.distribute()
+    dev = synk._runtime.current().device
+    most = 0
+    for _ in range(12):
+        synk.all_reduce(s, op="max")
+        most = max(most, dev._held)
+    assert 0 < most <= 4 * size  # the limit, plus the one input just queued
+    synk.all_reduce(s, op="sum")
+    np.testing.assert_array_equal(synk.get_value(1, s)[[0, size - 1]], [2, 2])
+
+
+def test_functions_drawing_random_numbers_are_refused_clearly(gpu2):
+    """PyTensor cannot unpickle a JAX function holding its copy of a generator, so
+    distribute() says so in the master instead of failing inside the workers."""
+    rng = pytensor.shared(np.random.default_rng(3), name="rng")
+    x = pt.matrix("x", dtype="float32")
+    synk.function([x], x * pt.random.bernoulli(0.5, size=x.shape, rng=rng), name="dropout")
+    with pytest.raises(TypeError, match="'dropout' uses the random generator rng.*use CPU workers"):
+        synk.distribute()

@@ -382,10 +382,12 @@ class Runtime:
 
     # ----------------------------------------------------------------- lifecycle
     def distribute(self):
-        self.device.check_distributable(self.functions_cores())
-        payload = pickle.dumps((self.functions_cores(), self.shareds), protocol=pickle.HIGHEST_PROTOCOL)
+        cores = self.functions_cores()
+        self.device.check_distributable(cores)
+        payload = pickle.dumps((cores, self.shareds), protocol=pickle.HIGHEST_PROTOCOL)
+
         def local():
-            reseed_generators(self.shareds, self.functions_cores(), self.master_rank)
+            reseed_generators(self.shareds, cores, self.master_rank)
             self.device.place_shareds(self.shareds)
 
         self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False), payload),

@@ -27,16 +27,19 @@ ROWS, N_IN, N_OUT = 23, 5, 3
 STEPS = [(None, 1), ([4, 17, 0, 9, 9, 22, 13, 2, 6, 11], 1), (slice(3, 20), 2), ([5, 7], 1)]
 
 
+def _softmax_loss(x, y, params):
+    w, b = params
+    logits = x.dot(w) + b
+    return -(y * (logits - pt.logsumexp(logits, axis=1, keepdims=True))).sum(axis=1).mean()
+
+
 def model(rng):
     fx = pytensor.config.floatX
     w = pytensor.shared(rng.standard_normal((N_IN, N_OUT)).astype(fx), name="W")
     b = pytensor.shared(np.zeros(N_OUT, dtype=fx), name="b")
     x = pt.matrix("x")
     y = pt.matrix("y")
-    logits = x.dot(w) + b
-    logp = logits - pt.logsumexp(logits, axis=1, keepdims=True)
-    loss = -(y * logp).sum(axis=1).mean()
-    return x, y, [w, b], loss
+    return x, y, [w, b], _softmax_loss(x, y, [w, b])
 
 
 def make_env(n, use_gpu):
@@ -140,12 +143,6 @@ def test_make_train_step_needs_inputs():
     x, y, params, loss = model(np.random.default_rng(0))
     with pytest.raises(TypeError, match="sliceable shared"):
         train.make_train_step([], loss, params)
-
-
-def _softmax_loss(x, y, params):
-    w, b = params
-    logits = x.dot(w) + b
-    return -(y * (logits - pt.logsumexp(logits, axis=1, keepdims=True))).sum(axis=1).mean()
 
 
 @pytest.mark.parametrize("queued", [False, True])

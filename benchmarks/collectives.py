@@ -9,6 +9,11 @@ synchronisation after every call (``synk.synchronize()``, a round trip to every
 rank, against a bare stream synchronisation).  Bus bandwidth follows nccl-tests: all-reduce
 ``size/t * 2(n-1)/n``, broadcast ``size/t``, all-gather ``size_out/t * (n-1)/n``.
 Target: synk >= 0.95x raw NCCL from 64 MB up.
+
+Back to back runs 100 calls by default: at 64 MB a call takes about 250 us on
+H200s, so over 20 calls the start of the pipeline (the first command's trip to
+the workers, about 0.2 ms for synk, and a start-up cost that raw NCCL also shows
+from run to run) weighs several percent.  ``--iters 20`` shows that.
 """
 
 import argparse
@@ -183,7 +188,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=None, help="GPU ranks (default: all)")
     p.add_argument("--sizes-mb", default="1,16,64,256,512,1024", help="comma-separated sizes in MB")
-    p.add_argument("--iters", type=int, default=20, help="timed calls per size and op")
+    p.add_argument("--iters", type=int, default=100, help="timed calls per size and op")
     p.add_argument("--quick", action="store_true", help="1,64 MB and 5 calls")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/collectives.json)")
     args = p.parse_args(argv)

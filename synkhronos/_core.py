@@ -9,6 +9,10 @@ correspondence in every worker.
 """
 
 import copy
+import copyreg
+import io
+import pickle
+import warnings
 
 import numpy as np
 
@@ -21,7 +25,7 @@ from ._plan import (
 )
 from ._reduce import Accumulator
 
-__all__ = ["FunctionCore", "reseed_generators"]
+__all__ = ["FunctionCore", "dumps_cores", "reseed_generators"]
 
 
 class FunctionCore:
@@ -263,12 +267,59 @@ def reseed_generators(shareds, cores, rank):
     part of the batch.  Reseeds every numpy ``Generator`` shared variable
     (``pt.random``, ``RandomStream``) and any copy a compiled function holds
     instead of the variable's own.  The new seed comes from the current
-    state and the rank, so a seeded run is reproducible."""
-    cells = [var.container.storage for var in shareds]
+    state and the rank, so a seeded run is reproducible.
+
+    PyTensor's JAX backend compiles a private copy of each generator into a
+    function, converted to JAX's form (a dict of arrays) that cannot be
+    reseeded; that copy is made again from the reseeded variable, as PyTensor
+    makes it from the variable when it compiles the function."""
+    cells, jax_copies = [var.container.storage for var in shareds], []
     for core in cores:
         for fn in core._variants.values():
-            cells += [c.storage for c in fn.input_storage]
+            for inp, container in zip(fn.maker.inputs, fn.input_storage):
+                if isinstance(container.storage[0], dict):
+                    jax_copies.append((container.storage, inp.variable))
+                else:
+                    cells.append(container.storage)
     for cell in {id(c): c for c in cells}.values():  # a cell shared by functions once
         new = _reseeded(cell[0], rank)
         if new is not None:
             cell[0] = new
+    for cell, var in jax_copies:
+        value = var.container.storage[0]
+        if isinstance(value, np.random.Generator):
+            from pytensor.link.jax.dispatch import jax_typify
+
+            cell[0] = jax_typify(value)
+
+
+def dumps_cores(obj):
+    """``pickle.dumps`` of function cores, whose compiled functions load with
+    ``_load_function``."""
+    from pytensor.compile import Function
+
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = copyreg.dispatch_table.copy()
+    pickler.dispatch_table[Function] = _reduce_function
+    pickler.dump(obj)
+    return buf.getvalue()
+
+
+def _reduce_function(fn):
+    _, args = copyreg.dispatch_table[type(fn)](fn)
+    return _load_function, args
+
+
+def _load_function(maker, input_storage, inputs_data, trust_input=False):
+    """Link a pickled PyTensor function again, as PyTensor's own loader does, but
+    without its check that every input still holds the pickled value: the JAX
+    backend replaces a generator input by a fresh copy in JAX's form (a dict of
+    arrays), and comparing dicts of arrays raises.  The backend's warning about
+    that copy was already shown when the function was compiled."""
+    del inputs_data
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The RandomType SharedVariables", category=UserWarning)
+        fn = maker.create(input_storage)
+    fn.trust_input = trust_input
+    return fn

@@ -8,7 +8,6 @@ import collections
 import contextlib
 import json
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import weakref
 from multiprocessing.connection import Connection
 
 from . import _shmem
-from ._core import reseed_generators
+from ._core import dumps_cores, reseed_generators
 from ._devices import cpu
 from ._exchange import ExchangeBuffer
 from ._protocol import Command, recv
@@ -383,8 +382,7 @@ class Runtime:
     # ----------------------------------------------------------------- lifecycle
     def distribute(self):
         cores = self.functions_cores()
-        self.device.check_distributable(cores)
-        payload = pickle.dumps((cores, self.shareds), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = dumps_cores((cores, self.shareds))
 
         def local():
             reseed_generators(self.shareds, cores, self.master_rank)

@@ -35,10 +35,6 @@ class CpuDevice:
         threads = str(max(1, usable_cores() // n_parallel))
         return {v: os.environ.get(v, threads) for v in _THREAD_VARS}
 
-    @staticmethod
-    def check_distributable(cores):
-        """Every function can go to CPU workers."""
-
     def setup_master(self, rank):
         """Nothing to set up: the master keeps its own threads."""
 

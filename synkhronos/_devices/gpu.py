@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -113,6 +114,52 @@ def _jax_importer():
         return public
 
 
+def _cupy_exporter(stream):
+    """A function taking a JAX array to a CuPy view of the same memory, ordered
+    after XLA's writes to it on ``stream``.
+
+    ``cupy.from_dlpack(array)`` does this, but JAX's ``__dlpack__`` spends tens of
+    microseconds in Python looking up the device it was asked for.  JAX's DLPack
+    export is called directly instead and its capsule handed to CuPy.  That
+    export is JAX-internal: if it is missing or gives a wrong result on a probe
+    array, the public route is used."""
+    import cupy
+
+    def public(value):
+        with stream:
+            return cupy.from_dlpack(value)
+
+    try:
+        import jax.numpy as jnp
+        from jax._src.lib import _jax
+
+        probe = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+        device = probe.__dlpack_device__()
+
+        class Capsule:
+            __slots__ = ("capsule",)
+
+            def __dlpack__(self, **_):
+                return self.capsule
+
+            def __dlpack_device__(self):
+                return device
+
+        def fast(value):
+            made = Capsule()
+            made.capsule = _jax.buffer_to_dlpack_managed_tensor(value, stream=stream.ptr)
+            with stream:
+                return cupy.from_dlpack(made)
+
+        got = fast(probe)
+        stream.synchronize()
+        if got.shape != (2, 3) or cupy.asnumpy(got).tolist() != [[0, 1, 2], [3, 4, 5]]:
+            return public
+        return fast
+    except Exception:
+        return public
+
+
 class GpuDevice:
     """Device layer for GPU worker processes (see module docstring)."""
 
@@ -131,6 +178,8 @@ class GpuDevice:
         self.rank = None
         self.wait_hook = None  # called while the master waits on its GPU
         self._import = None  # CuPy -> JAX, see _jax_importer
+        self._export = None  # JAX -> CuPy, see _cupy_exporter
+        self._own = {}  # id(var) -> (weakref to its JAX value, the CuPy buffer under it)
         self._ops = None
 
     def available(self):
@@ -205,24 +254,6 @@ class GpuDevice:
         """``var``'s value as a ready JAX array on this GPU."""
         return self._jax_value(var).block_until_ready()
 
-    @staticmethod
-    def check_distributable(cores):
-        """Refuse functions that draw random numbers: PyTensor's JAX backend
-        compiles its own copy of the generator into them, and cannot unpickle a
-        function holding that copy, so the workers would fail to load it."""
-        from pytensor.graph.traversal import ancestors
-        from pytensor.tensor.random.type import RandomType
-
-        for core in cores:
-            graph = list(core.outputs) + [u for _, u in core.updates] + [g for _, g in core.givens]
-            for var in ancestors(graph):
-                if isinstance(var.type, RandomType) and var.owner is None:
-                    raise TypeError(
-                        "function %r uses the random generator %s, which GPU ranks cannot take "
-                        "yet (PyTensor cannot unpickle a JAX function holding one); use CPU "
-                        "workers (fork(use_gpu=False)) for functions that draw random numbers"
-                        % (core.plain.name, var))
-
     def place_shareds(self, shareds):
         """Move every array-valued shared variable onto this GPU (once, at
         distribution); others, like random generators, stay as they are."""
@@ -258,6 +289,7 @@ class GpuDevice:
     def close(self, abort=False):
         """Leave the communicator; ``abort`` when a collective may be stuck."""
         self._inflight.clear()
+        self._own.clear()
         self._held = 0
         if self._comm is not None:
             try:
@@ -296,18 +328,35 @@ class GpuDevice:
         import cupy
 
         value = self._jax_value(var)
-        with self._stream:
-            if tuple(value.shape) != tuple(shape):
-                problems.append("%s has shape %s on rank %d but the master expected %s"
-                                % (var, tuple(value.shape), self.rank, tuple(shape)))
+        if tuple(value.shape) != tuple(shape):
+            problems.append("%s has shape %s on rank %d but the master expected %s"
+                            % (var, tuple(value.shape), self.rank, tuple(shape)))
+            with self._stream:
                 return cupy.zeros(shape, dtype=var.dtype), False
-            return cupy.from_dlpack(value), True
+        own = self._own.get(id(var))
+        if own is not None and own[0]() is value:
+            return own[1], True  # written by this stream: stream order suffices
+        if self._export is None:
+            self._export = _cupy_exporter(self._stream)
+        return self._export(value), True
 
     def _output(self, var, buf):
+        """Make ``buf``, written on the NCCL stream, ``var``'s value.  The buffer
+        is remembered while that value lives, so that a following collective on
+        ``var`` reads it on the same stream, without a round trip through XLA's
+        stream (on the GPU) and DLPack (on the host)."""
         if self._import is None:
             self._import = _jax_importer()
         with self._stream:  # DLPack: XLA's stream waits for this one
-            var.container.storage[0] = self._import(buf)
+            value = self._import(buf)
+        var.container.storage[0] = value
+        own, key = self._own, id(var)
+
+        def forget(ref):
+            if own.get(key, (None,))[0] is ref:
+                del own[key]
+
+        own[key] = (weakref.ref(value, forget), buf)
 
     def _retire(self, *arrays):
         """Keep ``arrays`` alive until the NCCL stream has passed this point.  If

@@ -11,6 +11,7 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 from _procs import proc_stat, segments
+from test_random import check_rank_streams
 from test_seed_examples import INTRO, SHARED
 
 import synkhronos as synk
@@ -282,11 +283,8 @@ def test_queued_collectives_hold_bounded_memory(gpu2, monkeypatch):
     np.testing.assert_array_equal(synk.get_value(1, s)[[0, size - 1]], [2, 2])
 
 
-def test_functions_drawing_random_numbers_are_refused_clearly(gpu2):
-    """PyTensor cannot unpickle a JAX function holding its copy of a generator, so
-    distribute() says so in the master instead of failing inside the workers."""
-    rng = pytensor.shared(np.random.default_rng(3), name="rng")
-    x = pt.matrix("x", dtype="float32")
-    synk.function([x], x * pt.random.bernoulli(0.5, size=x.shape, rng=rng), name="dropout")
-    with pytest.raises(TypeError, match="'dropout' uses the random generator rng.*use CPU workers"):
-        synk.distribute()
+def test_dropout_draws_per_rank_on_gpu():
+    """JAX functions drawing random numbers load in the GPU workers, and each rank
+    draws from its own stream, as plain PyTensor does on that rank's generator."""
+    check_rank_streams(seed=5, mode="JAX", use_gpu=True)
+

@@ -209,6 +209,29 @@ def test_queued_collectives_are_ordered_with_functions(gpu2):
                                    rtol=1e-4)
 
 
+def test_collective_reads_its_own_output_only_while_it_is_the_value(gpu2):
+    """A collective on the value the previous collective wrote reads that buffer
+    directly; once a function or set_value replaces the value, the new value is
+    read (even while the old one is still referenced), and the old buffer is let
+    go with the old value."""
+    s = pytensor.shared(np.ones(1024, dtype="float32"), name="s", shape=(1024,))
+    bump = synk.function([], updates=[(s, s + 1)])
+    synk.distribute()
+    own = synk._runtime.current().device._own
+    synk.all_reduce(s, op="sum")  # 2 on each rank
+    synk.all_reduce(s, op="sum")  # 4, from the first one's output
+    kept = s.get_value(return_internal_type=True)
+    bump()  # 5, written by XLA
+    assert id(s) in own  # the old value lives on in `kept`
+    synk.all_reduce(s, op="sum")  # 10
+    del kept
+    s.set_value(np.full(1024, 7, dtype="float32"))  # the master's value only
+    assert id(s) not in own
+    synk.all_reduce(s, op="sum")  # 17
+    for r in range(2):
+        np.testing.assert_array_equal(synk.get_value(r, s), np.full(1024, 17))
+
+
 def test_jax_importer_takes_the_fast_path_and_keeps_values():
     """The direct DLPack import must be in use on a supported JAX (else queued
     collectives pay ~45 us more per call), and give the same arrays."""

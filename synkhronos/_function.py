@@ -402,8 +402,11 @@ class Function:
         m = rt.master_rank
 
         def local():
-            return core.run_local(rt.device, [(d.data, s) for d, s in zip(scat, rank_scat[m])],
-                                  [d.data for d in bcast], share_sels[m], subset, num_slices)
+            weight, outputs = core.run_local(rt.device, [(d.data, s) for d, s in zip(scat, rank_scat[m])],
+                                             [d.data for d in bcast], share_sels[m], subset, num_slices)
+            if outputs:  # copied to the host while the master waits for the workers
+                rt.device.start_host_copies(outputs)
+            return weight, outputs
 
         # Compile a new variant here first: workers then load it from PyTensor's warm cache
         # instead of each compiling it at once.

@@ -51,6 +51,9 @@ class CpuDevice:
     def synchronize(self, shareds):
         """Nothing runs asynchronously on CPU workers."""
 
+    def start_host_copies(self, values):
+        """Values on CPU workers are already on the host."""
+
     def get_value(self, var):
         """The value of shared variable ``var`` on this rank, as numpy."""
         return np.asarray(var.get_value(borrow=True))

@@ -314,6 +314,19 @@ class GpuDevice:
         self._inflight.clear()
         self._held = 0
 
+    @staticmethod
+    def start_host_copies(values):
+        """Start copying the JAX arrays among ``values`` (a function's outputs in
+        the master) to the host, so that the copy overlaps the master's wait for
+        the workers.  Started only after that wait, the copy of a scalar took
+        about 0.7 ms on H200s (the process had gone idle); overlapping it halved
+        a tiny call on 2 GPUs."""
+        import jax
+
+        for v in values:
+            if isinstance(v, jax.Array):
+                v.copy_to_host_async()
+
     # The collectives below only queue work on the NCCL stream and return: DLPack
     # makes that stream wait for XLA's writes to an input, and XLA wait for NCCL's
     # writes to an output, with events on the GPU, not with host synchronisation.

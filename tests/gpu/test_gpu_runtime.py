@@ -306,6 +306,7 @@ def test_queued_collectives_hold_bounded_memory(gpu2, monkeypatch):
     np.testing.assert_array_equal(synk.get_value(1, s)[[0, size - 1]], [2, 2])
 
 
+@pytest.mark.filterwarnings("ignore:The RandomType SharedVariables:UserWarning")
 def test_dropout_draws_per_rank_on_gpu():
     """JAX functions drawing random numbers load in the GPU workers, and each rank
     draws from its own stream, as plain PyTensor does on that rank's generator."""

@@ -118,11 +118,11 @@ def _cupy_exporter(stream):
     """A function taking a JAX array to a CuPy view of the same memory, ordered
     after XLA's writes to it on ``stream``.
 
-    ``cupy.from_dlpack(array)`` does this, but JAX's ``__dlpack__`` spends tens of
-    microseconds in Python looking up the device it was asked for.  JAX's DLPack
-    export is called directly instead and its capsule handed to CuPy.  That
-    export is JAX-internal: if it is missing or gives a wrong result on a probe
-    array, the public route is used."""
+    ``cupy.from_dlpack(array)`` does this, but JAX's ``__dlpack__`` first looks up
+    in Python the device it was asked for (8.6 us per call against 5.5 us this
+    way, on an H200).  JAX's DLPack export is called directly instead and its
+    capsule handed to CuPy.  That export is JAX-internal: if it is missing or
+    gives a wrong result on a probe array, the public route is used."""
     import cupy
 
     def public(value):

@@ -254,6 +254,26 @@ def test_jax_importer_takes_the_fast_path_and_keeps_values():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_cupy_exporter_takes_the_direct_path_and_keeps_values():
+    """The direct DLPack export must be in use on a supported JAX, and give a view
+    of the same memory, read on the NCCL stream after XLA's write."""
+    code = ("import cupy, jax.numpy as jnp\n"
+            "from synkhronos._devices.gpu import _cupy_exporter\n"
+            "s = cupy.cuda.Stream(non_blocking=True)\n"
+            "exp = _cupy_exporter(s)\n"
+            "assert exp.__name__ == 'fast', 'fell back to cupy.from_dlpack'\n"
+            "x = jnp.ones(1 << 24, dtype=jnp.float32) * 3\n"  # may still be being written
+            "v = exp(x)\n"
+            "assert v.data.ptr == x.unsafe_buffer_pointer()\n"
+            "with s:\n"
+            "    total = float(v[::4096].sum())\n"
+            "assert total == 3 * 4096, total\n")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_calls_without_results_are_queued_in_order_and_errors_come_later(gpu2):
     """A call with no outputs and no Data returns once queued (as the training step's
     gradient and update calls do); chained with all-reduces and unsynchronised it

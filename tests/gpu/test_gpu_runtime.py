@@ -232,6 +232,15 @@ def test_collective_reads_its_own_output_only_while_it_is_the_value(gpu2):
         np.testing.assert_array_equal(synk.get_value(r, s), np.full(1024, 17))
 
 
+def _run_on_one_gpu(code):
+    """Run ``code`` in a fresh interpreter that sees one GPU; fail with its output
+    if it fails."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_jax_importer_takes_the_fast_path_and_keeps_values():
     """The direct DLPack import must be in use on a supported JAX (else queued
     collectives pay ~45 us more per call), and give the same arrays."""
@@ -248,10 +257,7 @@ def test_jax_importer_takes_the_fast_path_and_keeps_values():
             "with s:\n"
             "    k = imp(cupy.arange(3, dtype=cupy.int64))\n"
             "assert np.asarray(k).tolist() == [0, 1, 2]\n")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _run_on_one_gpu(code)
 
 
 def test_cupy_exporter_takes_the_direct_path_and_keeps_values():
@@ -268,10 +274,7 @@ def test_cupy_exporter_takes_the_direct_path_and_keeps_values():
             "with s:\n"
             "    total = float(v[::4096].sum())\n"
             "assert total == 3 * 4096, total\n")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _run_on_one_gpu(code)
 
 
 def test_calls_without_results_are_queued_in_order_and_errors_come_later(gpu2):

@@ -13,7 +13,14 @@ Target: synk >= 0.95x raw NCCL from 64 MB up.
 Back to back runs 100 calls by default: at 64 MB a call takes about 250 us on
 H200s, so over 20 calls the start of the pipeline (the first command's trip to
 the workers, about 0.2 ms for synk, and a start-up cost that raw NCCL also shows
-from run to run) weighs several percent.  ``--iters 20`` shows that.
+from run to run) weighs several percent.  ``--iters 20`` shows that.  Each back
+to back timing is repeated (``--repeats``, default 3) and the fastest kept, for
+raw NCCL and synk alike: the machine may be shared, and a stray pause in one pass
+would otherwise decide the ratio.
+
+all_gather grows its variable n-fold, so each timed synk call needs a fresh
+variable; a third of the GPU's memory holds as many as fit (up to ``--iters``).
+Raw NCCL is timed over the same number of calls.
 """
 
 import argparse
@@ -34,7 +41,7 @@ def _busbw(op, n, nbytes, seconds):
     return nbytes / seconds * factor / 1e9
 
 
-def _raw_worker(rank, n, gpu, uid, sizes, iters, conn):
+def _raw_worker(rank, n, gpu, uid, sizes, iters, repeats, gather_calls, conn):
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     import cupy
@@ -52,11 +59,14 @@ def _raw_worker(rank, n, gpu, uid, sizes, iters, conn):
             for _ in range(3):
                 call()
             stream.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                call()
-            stream.synchronize()
-            piped = (time.perf_counter() - t0) / iters
+            calls = gather_calls[nbytes] if op == "all_gather" else iters
+            piped = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                stream.synchronize()
+                piped = min(piped, (time.perf_counter() - t0) / calls)
             ts = []
             for _ in range(iters):
                 t = time.perf_counter()
@@ -78,15 +88,17 @@ def _raw_calls(nccl, comm, stream, x, y, g, count):
     }
 
 
-def raw_nccl(n, gpus, sizes, iters):
+def raw_nccl(n, gpus, sizes, iters, repeats=1, gather_calls=None):
     from cupy.cuda import nccl
 
     uid = nccl.get_unique_id()
+    gather_calls = gather_calls or {nb: iters for nb in sizes}
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for r in range(n):
         a, b = ctx.Pipe()
-        p = ctx.Process(target=_raw_worker, args=(r, n, gpus[r], uid, sizes, iters, b))
+        p = ctx.Process(target=_raw_worker, args=(r, n, gpus[r], uid, sizes, iters, repeats,
+                                                  gather_calls, b))
         p.start()
         pipes.append(a)
         procs.append(p)
@@ -96,19 +108,22 @@ def raw_nccl(n, gpus, sizes, iters):
     return results[0]
 
 
-def _timed(call, iters, synchronize, between=None, warm=3):
-    """(seconds per call back to back with one synchronisation at the end,
-    median seconds of one call followed by a synchronisation)."""
+def _timed(call, iters, synchronize, repeats, between=None, warm=3):
+    """(seconds per call back to back with one synchronisation at the end, the
+    fastest of ``repeats`` passes; median seconds of one call followed by a
+    synchronisation)."""
     for i in range(warm):
         call(i)
     synchronize()
-    if between is not None:
-        between()
-    t0 = time.perf_counter()
-    for i in range(iters):
-        call(i)
-    synchronize()
-    piped = (time.perf_counter() - t0) / iters
+    piped = float("inf")
+    for _ in range(repeats):
+        if between is not None:
+            between()
+        t0 = time.perf_counter()
+        for i in range(iters):
+            call(i)
+        synchronize()
+        piped = min(piped, (time.perf_counter() - t0) / iters)
     if between is not None:
         between()
     ts = []
@@ -120,20 +135,34 @@ def _timed(call, iters, synchronize, between=None, warm=3):
     return piped, median(ts)
 
 
-def _gather_copies(nbytes, n, iters):
+def _gather_copies(nbytes, n, iters, memory):
     """all_gather grows its variable n-fold, so each timed call needs a fresh one:
-    this many copies, within about 16 GB of GPU memory."""
-    return max(3, min(iters, (16 << 30) // (nbytes * (n + 1))))
+    this many copies (input and output each), within ``memory`` bytes."""
+    return max(3, min(iters, memory // (nbytes * (n + 1))))
 
 
-def _time_size(synk, nb, s, gs, iters):
+def _gpu_memory(gpu):
+    """Total memory of GPU ``gpu`` in bytes (nvidia-smi; 16 GB if it cannot say)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(gpu), "--query-gpu=memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=20).stdout
+        return int(float(out.split()[0])) << 20
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 16 << 30
+
+
+def _time_size(synk, nb, s, gs, iters, repeats):
     """Time the three ops on ``nb``-byte values: ``s`` for all_reduce and
     broadcast, the copies ``gs`` for all_gather."""
     zeros = np.zeros(nb // 4, dtype="float32")
     out = {}
     synk.broadcast(s, zeros)  # all-reducing zeros keeps the values finite
-    out[("all_reduce", nb)] = _timed(lambda i: synk.all_reduce(s, op="sum"), iters, synk.synchronize)
-    out[("broadcast", nb)] = _timed(lambda i: synk.broadcast(s), iters, synk.synchronize)
+    out[("all_reduce", nb)] = _timed(lambda i: synk.all_reduce(s, op="sum"), iters, synk.synchronize,
+                                     repeats)
+    out[("broadcast", nb)] = _timed(lambda i: synk.broadcast(s), iters, synk.synchronize, repeats)
 
     def reset():
         for g in gs:
@@ -144,13 +173,13 @@ def _time_size(synk, nb, s, gs, iters):
     # One warm-up pass over every copy, so that the timed passes find their output
     # buffers in the memory pool, as any loop after its first step does.
     out[("all_gather", nb)] = _timed(lambda i: synk.all_gather(gs[i]), len(gs), synk.synchronize,
-                                     between=reset, warm=len(gs))
+                                     repeats, between=reset, warm=len(gs))
     for v in gs + [s]:
         synk.broadcast(v, TINY)  # give the memory back
     return out
 
 
-def synk_collectives(n, sizes, iters):
+def synk_collectives(n, sizes, iters, repeats, gather_calls):
     """Timings ``{(op, nbytes): (piped, synced)}`` of synk's collectives; the
     variables start tiny and are sized by a broadcast (so distribution is quick)."""
     import pytensor
@@ -162,13 +191,13 @@ def synk_collectives(n, sizes, iters):
         tiny = TINY
         main = {nb: pytensor.shared(tiny, name="s%d" % nb) for nb in sizes}
         copies = {nb: [pytensor.shared(tiny, name="g%d_%d" % (nb, k))
-                       for k in range(_gather_copies(nb, n, iters))] for nb in sizes}
+                       for k in range(gather_calls[nb])] for nb in sizes}
         every = list(main.values()) + [g for gs in copies.values() for g in gs]
         synk.function([], outputs=sum(v[0] for v in every))
         synk.distribute()
         out = {}
         for nb in sizes:
-            out.update(_time_size(synk, nb, main[nb], copies[nb], iters))
+            out.update(_time_size(synk, nb, main[nb], copies[nb], iters, repeats))
         # Correctness after all that: rank r holds r + 1; all_reduce and all_gather agree with numpy.
         nb = sizes[0]
         s, g = main[nb], copies[nb][0]
@@ -189,11 +218,13 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=None, help="GPU ranks (default: all)")
     p.add_argument("--sizes-mb", default="1,16,64,256,512,1024", help="comma-separated sizes in MB")
     p.add_argument("--iters", type=int, default=100, help="timed calls per size and op")
-    p.add_argument("--quick", action="store_true", help="1,64 MB and 5 calls")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="back-to-back passes per timing; the fastest is kept (default 3)")
+    p.add_argument("--quick", action="store_true", help="1,64 MB, 5 calls, 1 pass")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/collectives.json)")
     args = p.parse_args(argv)
     if args.quick:
-        args.sizes_mb, args.iters = "1,64", 5
+        args.sizes_mb, args.iters, args.repeats = "1,64", 5, 1
     from synkhronos._devices.gpu import visible_gpus
 
     gpus = visible_gpus()
@@ -204,8 +235,13 @@ def main(argv=None):
     info = machine_info()
     info["gpus"] = n
     print_machine(info)
-    raw = raw_nccl(n, gpus, sizes, args.iters)
-    synk_t, ok = synk_collectives(n, sizes, args.iters)
+    for name in ("iters", "repeats"):
+        if getattr(args, name) < 1:
+            p.error("--%s must be at least 1, got %d" % (name, getattr(args, name)))
+    memory = min(_gpu_memory(g) for g in gpus[:n]) // 3
+    gather_calls = {nb: _gather_copies(nb, n, args.iters, memory) for nb in sizes}
+    raw = raw_nccl(n, gpus, sizes, args.iters, args.repeats, gather_calls)
+    synk_t, ok = synk_collectives(n, sizes, args.iters, args.repeats, gather_calls)
     rows, records = [], []
     for op in OPS:
         for nb in sizes:

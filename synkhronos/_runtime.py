@@ -129,6 +129,7 @@ class Runtime:
         self.workers = {}
         self.functions = []
         self.shareds = []
+        self._shared_ids = {}  # id(var) -> index in shareds (shareds keeps each var alive)
         self.datas = weakref.WeakValueDictionary()  # ID -> live Data
         self.next_data_id = 0
         self.distributed = False
@@ -415,14 +416,14 @@ class Runtime:
         return [f._core for f in self.functions]
 
     def shared_id(self, var):
-        for i, s in enumerate(self.shareds):
-            if s is var:
-                return i
-        return None
+        """Index of ``var`` among the registered shared variables, or None.
+        A dict, not a scan: every collective looks its variables up."""
+        return self._shared_ids.get(id(var))
 
     def register_shareds(self, variables):
         for v in variables:
             if self.shared_id(v) is None:
+                self._shared_ids[id(v)] = len(self.shareds)
                 self.shareds.append(v)
 
     def close(self, failed=False):

@@ -379,16 +379,27 @@ class GpuDevice:
         while queue and queue[0][0].done:
             self._held -= queue.popleft()[2]
         nbytes = sum(a.nbytes for a in arrays)
-        queue.append((self._stream.record(), arrays, nbytes))
+        queue.append((self._mark(), arrays, nbytes))
         self._held += nbytes
         while self._held > _INFLIGHT_BYTES and len(queue) > 1:
             event, _, old = queue.popleft()
             self._wait_for(event)
             self._held -= old
 
+    def _mark(self):
+        """An event recorded on the NCCL stream now.  Without timing: CuPy's
+        default event records a timestamp, and between two back-to-back NCCL
+        kernels that left the GPU idle about 3 us per call on H200s (0.1 us
+        without), over 1% of a 64 MB all-reduce."""
+        import cupy
+
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(self._stream)
+        return event
+
     def _wait(self):
         """Wait for the NCCL stream (see ``_wait_for``)."""
-        self._wait_for(self._stream.record())
+        self._wait_for(self._mark())
 
     def _wait_for(self, event):
         """Wait for ``event``; the master keeps checking the workers' replies

@@ -76,6 +76,29 @@ def test_conv2d_forward_matches_naive(stride, padding, pairs, dil):
         assert got.shape[2:] == xv.shape[2:]
 
 
+def _block_diagonal(w, groups):
+    """Dense filters equal to grouped filters ``w``: zero across groups."""
+    o, cg = w.shape[:2]
+    og = o // groups
+    dense = np.zeros((o, cg * groups) + w.shape[2:])
+    for k in range(groups):
+        dense[k * og:(k + 1) * og, k * cg:(k + 1) * cg] = w[k * og:(k + 1) * og]
+    return dense
+
+
+@pytest.mark.parametrize("groups,c,o", [(2, 4, 6), (3, 3, 3), (3, 3, 6)])  # (3, 3, *): depthwise
+def test_grouped_conv2d_matches_dense_block_diagonal(groups, c, o):
+    rng = np.random.default_rng(6)
+    xv = rng.standard_normal((2, c, 7, 6))
+    wv = rng.standard_normal((o, c // groups, 3, 2))
+    x = pt.tensor4("x", dtype=F)
+    w = pt.tensor4("w", dtype=F)
+    got = pytensor.function([x, w], conv2d(x, w, stride=(1, 2), padding=1, groups=groups))(xv, wv)
+    want = naive_conv(xv, _block_diagonal(wv, groups), (1, 2), (1, 1), (1, 1))
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    verify_grad(lambda a, b: conv2d(a, b, stride=(1, 2), padding=1, groups=groups), [xv, wv], rng=rng)
+
+
 @pytest.mark.parametrize("stride,dil,pad", [(1, 1, 0), (2, 1, 1), (1, 2, (1, 0))])
 def test_conv2d_gradients(stride, dil, pad):
     rng = np.random.default_rng(1)
@@ -101,14 +124,14 @@ def test_pool_forward_and_gradient(mode, pool, size, stride, pad):
 def _cnn(x, w1, w2):
     h = pt.maximum(conv2d(x, w1, padding="same"), 0)
     h = max_pool2d(h, 2)
-    h = avg_pool2d(conv2d(h, w2, stride=1, padding=1), 2, stride=1)
+    h = avg_pool2d(conv2d(h, w2, stride=1, padding=1, groups=2), 2, stride=1)
     return (h ** 2).mean()
 
 
 def _cnn_case(rng):
     xv = rng.standard_normal((6, 2, 8, 8)).astype(F)
-    w1 = rng.standard_normal((3, 2, 3, 3)).astype(F)
-    w2 = rng.standard_normal((4, 3, 3, 3)).astype(F)
+    w1 = rng.standard_normal((4, 2, 3, 3)).astype(F)
+    w2 = rng.standard_normal((6, 2, 3, 3)).astype(F)  # 2 groups of 2 channels
     return xv, w1, w2
 
 
@@ -149,6 +172,15 @@ def test_bad_arguments():
         conv2d(x, pt.tensor4("w"), padding="same")
     with pytest.raises(ValueError, match="stride"):
         max_pool2d(x, 2, stride=(1, 2, 3))
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="groups must be a positive int, got %r" % (bad,)):
+            conv2d(x, pt.tensor4("w"), groups=bad)
+    with pytest.raises(ValueError, match="groups=2 does not fit the input's 3 channels"):
+        conv2d(pt.tensor("x", shape=(None, 3, None, None)), pt.tensor("w", shape=(4, 1, 3, 3)), groups=2)
+    # Shapes known only when the function runs: the kernels check them.
+    f = pytensor.function([x, w := pt.tensor4("w")], conv2d(x, w, groups=2), mode="FAST_COMPILE")
+    with pytest.raises(ValueError, match="groups=2 does not fit the input's 4 channels, the filters' 3"):
+        f(np.zeros((1, 4, 5, 5), x.dtype), np.zeros((3, 2, 3, 3), x.dtype))
 
 
 def test_cnn_gradient_on_workers_equals_one_process():

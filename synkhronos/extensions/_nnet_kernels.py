@@ -5,12 +5,13 @@ batch, channels and pixels, so it is vectorised: no Python loop over pixels.
 Convolutions go through im2col and one BLAS matrix product.
 
 Layouts: inputs NCHW, filters OIHW.  ``sh, sw`` strides, ``ph, pw`` symmetric zero
-padding, ``dh, dw`` dilations, ``kh, kw`` pooling window.
+padding, ``dh, dw`` dilations, ``kh, kw`` pooling window, ``g`` groups (the
+channels split into ``g`` independent convolutions, one BLAS product each).
 """
 
 import numpy as np
 
-__all__ = ["conv_out_size", "conv2d_forward", "conv2d_grad_input", "conv2d_grad_weight",
+__all__ = ["conv_out_size", "check_groups", "conv2d_forward", "conv2d_grad_input", "conv2d_grad_weight",
            "pool2d_forward", "pool2d_grad"]
 
 
@@ -37,8 +38,34 @@ def _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw):
             cols[:, :, :, :, i, j] = np.transpose(patch, (0, 2, 3, 1))
     return cols.reshape(n * oh * ow, c * kh * kw), oh, ow
 
-def conv2d_forward(x, w, sh, sw, ph, pw, dh, dw):
-    """Cross-correlation of ``x`` (N, C, H, W) with filters ``w`` (O, C, kh, kw)."""
+def check_groups(c, o, wc, g):
+    """Raise ValueError unless ``g`` groups fit input channels ``c``, filters
+    ``o`` and filter channels ``wc``."""
+    if g < 1 or c % g or o % g or c // g != wc:
+        raise ValueError("groups=%d does not fit the input's %d channels, the filters' %d "
+                         "outputs and %d channels per group: the channels and outputs must "
+                         "divide by groups, and filter channels = input channels / groups"
+                         % (g, c, o, wc))
+
+
+def _by_group(kernel, x, w, dy, g, out_axis, args):
+    """``kernel`` on each group's channels of ``x``/``dy`` and filters of ``w``,
+    joined on ``out_axis``."""
+    cg, og = x.shape[1] // g, w.shape[0] // g
+    parts = []
+    for k in range(g):
+        ins = (x[:, k * cg:(k + 1) * cg], w[k * og:(k + 1) * og])
+        if dy is not None:
+            ins += (dy[:, k * og:(k + 1) * og],)
+        parts.append(kernel(*ins, *args))
+    return np.ascontiguousarray(np.concatenate(parts, axis=out_axis))
+
+
+def conv2d_forward(x, w, sh, sw, ph, pw, dh, dw, g=1):
+    """Cross-correlation of ``x`` (N, C, H, W) with filters ``w`` (O, C / g, kh, kw)."""
+    check_groups(x.shape[1], w.shape[0], w.shape[1], g)
+    if g > 1:
+        return _by_group(conv2d_forward, x, w, None, g, 1, (sh, sw, ph, pw, dh, dw))
     n = x.shape[0]
     o, c, kh, kw = w.shape
     cols, oh, ow = _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw)
@@ -50,8 +77,10 @@ def _dy_matrix(dy):
     n, o, oh, ow = dy.shape
     return np.ascontiguousarray(np.transpose(dy, (0, 2, 3, 1))).reshape(n * oh * ow, o)
 
-def conv2d_grad_input(x, w, dy, sh, sw, ph, pw, dh, dw):
+def conv2d_grad_input(x, w, dy, sh, sw, ph, pw, dh, dw, g=1):
     """Gradient of ``conv2d_forward`` with respect to ``x`` (col2im)."""
+    if g > 1:
+        return _by_group(conv2d_grad_input, x, w, dy, g, 1, (sh, sw, ph, pw, dh, dw))
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     oh, ow = dy.shape[2], dy.shape[3]
@@ -64,8 +93,10 @@ def conv2d_grad_input(x, w, dy, sh, sw, ph, pw, dh, dw):
             view += np.transpose(dcols[:, :, :, :, i, j], (0, 3, 1, 2))
     return np.ascontiguousarray(dxp[:, :, ph:ph + h, pw:pw + wd])
 
-def conv2d_grad_weight(x, w, dy, sh, sw, ph, pw, dh, dw):
+def conv2d_grad_weight(x, w, dy, sh, sw, ph, pw, dh, dw, g=1):
     """Gradient of ``conv2d_forward`` with respect to ``w``."""
+    if g > 1:
+        return _by_group(conv2d_grad_weight, x, w, dy, g, 0, (sh, sw, ph, pw, dh, dw))
     o, c, kh, kw = w.shape
     cols, _, _ = _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw)
     dw_ = np.dot(np.ascontiguousarray(_dy_matrix(dy).T), cols)

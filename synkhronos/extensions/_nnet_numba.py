@@ -50,7 +50,7 @@ def _dy_matrix(dy):
 
 
 @numba_njit
-def conv2d_forward(x, w, sh, sw, ph, pw, dh, dw):
+def _conv_forward(x, w, sh, sw, ph, pw, dh, dw):
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     oh, ow = _out(h, kh, sh, ph, dh), _out(wd, kw, sw, pw, dw)
@@ -66,7 +66,7 @@ def conv2d_forward(x, w, sh, sw, ph, pw, dh, dw):
 
 
 @numba_njit
-def conv2d_grad_input(x, w, dy, sh, sw, ph, pw, dh, dw):
+def _conv_grad_input(x, w, dy, sh, sw, ph, pw, dh, dw):
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     oh, ow = dy.shape[2], dy.shape[3]
@@ -89,11 +89,60 @@ def conv2d_grad_input(x, w, dy, sh, sw, ph, pw, dh, dw):
 
 
 @numba_njit
-def conv2d_grad_weight(x, w, dy, sh, sw, ph, pw, dh, dw):
+def _conv_grad_weight(x, w, dy, sh, sw, ph, pw, dh, dw):
     o, c, kh, kw = w.shape
     oh, ow = dy.shape[2], dy.shape[3]
     cols = _im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)
     return np.dot(_dy_matrix(dy).T.copy(), cols).reshape(o, c, kh, kw)
+
+
+# Groups: each group's channels and filters go through the kernels above on their own.
+@numba_njit
+def _check_groups(x, w, g):
+    c, o, wc = x.shape[1], w.shape[0], w.shape[1]
+    if g < 1 or c % g != 0 or o % g != 0 or c // g != wc:
+        raise ValueError("conv2d: groups do not fit the channels of the input and the filters")
+    return c // g, o // g
+
+
+@numba_njit
+def conv2d_forward(x, w, sh, sw, ph, pw, dh, dw, g):
+    cg, og = _check_groups(x, w, g)
+    if g == 1:
+        return _conv_forward(x, w, sh, sw, ph, pw, dh, dw)
+    n, kh, kw = x.shape[0], w.shape[2], w.shape[3]
+    oh, ow = _out(x.shape[2], kh, sh, ph, dh), _out(x.shape[3], kw, sw, pw, dw)
+    out = np.empty((n, w.shape[0], oh, ow), dtype=x.dtype)
+    for k in range(g):
+        out[:, k * og:(k + 1) * og] = _conv_forward(x[:, k * cg:(k + 1) * cg], w[k * og:(k + 1) * og],
+                                                    sh, sw, ph, pw, dh, dw)
+    return out
+
+
+@numba_njit
+def conv2d_grad_input(x, w, dy, sh, sw, ph, pw, dh, dw, g):
+    cg, og = _check_groups(x, w, g)
+    if g == 1:
+        return _conv_grad_input(x, w, dy, sh, sw, ph, pw, dh, dw)
+    dx = np.empty(x.shape, dtype=dy.dtype)
+    for k in range(g):
+        dx[:, k * cg:(k + 1) * cg] = _conv_grad_input(
+            x[:, k * cg:(k + 1) * cg], w[k * og:(k + 1) * og], dy[:, k * og:(k + 1) * og],
+            sh, sw, ph, pw, dh, dw)
+    return dx
+
+
+@numba_njit
+def conv2d_grad_weight(x, w, dy, sh, sw, ph, pw, dh, dw, g):
+    cg, og = _check_groups(x, w, g)
+    if g == 1:
+        return _conv_grad_weight(x, w, dy, sh, sw, ph, pw, dh, dw)
+    dw_ = np.empty(w.shape, dtype=dy.dtype)
+    for k in range(g):
+        dw_[k * og:(k + 1) * og] = _conv_grad_weight(
+            x[:, k * cg:(k + 1) * cg], w[k * og:(k + 1) * og], dy[:, k * og:(k + 1) * og],
+            sh, sw, ph, pw, dh, dw)
+    return dw_
 
 
 @numba_njit

@@ -13,8 +13,9 @@ gone.  Each Op here has three implementations of the same computation:
   ``jax.vjp``), registered when JAX is installed, for GPU workers.
 
 Layouts: inputs NCHW, filters OIHW.  Convolution is cross-correlation, as in
-Theano and cuDNN.  Average pooling counts padding as zeros.  Groups are not
-supported.
+Theano and cuDNN.  Grouped convolution (``groups``, as PyTorch's and JAX's
+``feature_group_count``) runs each group's channels through the same kernels.
+Average pooling counts padding as zeros.
 """
 
 import zlib
@@ -53,19 +54,20 @@ def _as4d(x, argname):
 
 
 class _ConvBase(Op):
-    __props__ = ("stride", "padding", "dilation")
+    __props__ = ("stride", "padding", "dilation", "groups")
 
-    def __init__(self, stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
+    def __init__(self, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
         self.stride = tuple(stride)
         self.padding = tuple(padding)
         self.dilation = tuple(dilation)
+        self.groups = int(groups)
 
     def args(self):
-        return self.stride + self.padding + self.dilation
+        return self.stride + self.padding + self.dilation + (self.groups,)
 
 
 class Conv2d(_ConvBase):
-    """Cross-correlation of ``x`` (N, C, H, W) with filters ``w`` (O, C, kh, kw)."""
+    """Cross-correlation of ``x`` (N, C, H, W) with filters ``w`` (O, C / groups, kh, kw)."""
 
     def make_node(self, x, w):
         x, w = _as4d(x, "x"), _as4d(w, "w")
@@ -86,7 +88,7 @@ class Conv2d(_ConvBase):
     def pullback(self, inputs, outputs, cotangents):
         x, w = inputs
         (gy,) = cotangents
-        props = (self.stride, self.padding, self.dilation)
+        props = (self.stride, self.padding, self.dilation, self.groups)
         return [Conv2dGradInput(*props)(x, w, gy), Conv2dGradWeight(*props)(x, w, gy)]
 
 
@@ -175,16 +177,20 @@ def _filter_size(w):
     return shape
 
 
-def conv2d(x, w, stride=1, padding=0, dilation=1):
+def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
     """2-D convolution (cross-correlation) of NCHW ``x`` with OIHW filters ``w``.
 
     Parameters
     ----------
     x, w : 4-d tensors
+        ``w`` has shape (O, C / groups, kh, kw).
     stride, dilation : int or pair of ints
     padding : int, pair of ints, 'valid' or 'same'
         Zero padding on both sides.  'same' keeps H and W at stride 1 and needs
         odd effective filter sizes.
+    groups : int
+        Split the C input channels and the O filters into this many groups, each
+        convolved on its own (``groups=C`` is a depthwise convolution).
 
     Returns
     -------
@@ -195,10 +201,16 @@ def conv2d(x, w, stride=1, padding=0, dilation=1):
     TypeError
         If ``x`` or ``w`` is not 4-d.
     ValueError
-        For a malformed ``stride``, ``padding`` or ``dilation``.
+        For a malformed ``stride``, ``padding``, ``dilation`` or ``groups``, or
+        (when the static shapes say so) groups that do not divide the channels.
     """
     x, w = _as4d(x, "x"), _as4d(w, "w")
     stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    if not isinstance(groups, Integral) or isinstance(groups, bool) or groups < 1:
+        raise ValueError("groups must be a positive int, got %r" % (groups,))
+    c, (o, wc) = x.type.shape[1], w.type.shape[:2]
+    if None not in (c, o, wc):
+        numpy_kernels.check_groups(c, o, wc, int(groups))
     if padding == "valid":
         padding = (0, 0)
     elif padding == "same":
@@ -209,7 +221,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1):
         padding = (sizes[0] // 2, sizes[1] // 2)
     else:
         padding = _pair(padding, "padding")
-    return Conv2d(stride, padding, dilation)(x, w)
+    return Conv2d(stride, padding, dilation, int(groups))(x, w)
 
 
 def _pool(x, size, stride, padding, mode):
@@ -274,7 +286,7 @@ def _numba_conv2d(op, node=None, **kwargs):
 
     @numba_njit
     def conv2d_numba(x, w):
-        return kernel(x, w, a[0], a[1], a[2], a[3], a[4], a[5])
+        return kernel(x, w, a[0], a[1], a[2], a[3], a[4], a[5], a[6])
 
     return conv2d_numba, _KERNELS_VERSION
 
@@ -285,7 +297,7 @@ def _numba_conv2d_grad_input(op, node=None, **kwargs):
 
     @numba_njit
     def conv2d_grad_input_numba(x, w, gy):
-        return kernel(x, w, gy, a[0], a[1], a[2], a[3], a[4], a[5])
+        return kernel(x, w, gy, a[0], a[1], a[2], a[3], a[4], a[5], a[6])
 
     return conv2d_grad_input_numba, _KERNELS_VERSION
 
@@ -296,7 +308,7 @@ def _numba_conv2d_grad_weight(op, node=None, **kwargs):
 
     @numba_njit
     def conv2d_grad_weight_numba(x, w, gy):
-        return kernel(x, w, gy, a[0], a[1], a[2], a[3], a[4], a[5])
+        return kernel(x, w, gy, a[0], a[1], a[2], a[3], a[4], a[5], a[6])
 
     return conv2d_grad_weight_numba, _KERNELS_VERSION
 
@@ -335,7 +347,7 @@ def _register_jax():
         def f(x, w):
             return jax.lax.conv_general_dilated(
                 x, w, window_strides=(sh, sw), padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
-                dimension_numbers=("NCHW", "OIHW", "NCHW"))
+                dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=op.groups)
         return f
 
     def pool(op):

@@ -21,6 +21,10 @@ would otherwise decide the ratio.
 all_gather grows its variable n-fold, so each timed synk call needs a fresh
 variable; a third of the GPU's memory holds as many as fit (up to ``--iters``).
 Raw NCCL is timed over the same number of calls.
+
+``all_reduce_split`` all-reduces the same number of bytes split into ``--split``
+variables (16 by default) in one ``synk.all_reduce`` call, as a step that
+all-reduces a model's gradients does; raw NCCL makes one call per part.
 """
 
 import argparse
@@ -31,17 +35,18 @@ import time
 import numpy as np
 from _common import default_out, machine_info, median, print_machine, table, write_json
 
-OPS = ("all_reduce", "broadcast", "all_gather")
+OPS = ("all_reduce", "all_reduce_split", "broadcast", "all_gather")
 TINY = np.zeros(1, dtype="float32")  # the variables' size when not being timed
 
 
 def _busbw(op, n, nbytes, seconds):
     """Bus bandwidth in GB/s, as nccl-tests defines it."""
-    factor = {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "all_gather": (n - 1) / n}[op]
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_reduce_split": 2 * (n - 1) / n, "broadcast": 1.0,
+              "all_gather": (n - 1) / n}[op]
     return nbytes / seconds * factor / 1e9
 
 
-def _raw_worker(rank, n, gpu, uid, sizes, iters, repeats, gather_calls, conn):
+def _raw_worker(rank, n, gpu, uid, sizes, iters, repeats, gather_calls, split, conn):
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     import cupy
@@ -55,7 +60,7 @@ def _raw_worker(rank, n, gpu, uid, sizes, iters, repeats, gather_calls, conn):
         x = cupy.ones(count, dtype=cupy.float32)
         y = cupy.empty_like(x)
         g = cupy.empty(count * n, dtype=cupy.float32)
-        for op, call in _raw_calls(nccl, comm, stream, x, y, g, count).items():
+        for op, call in _raw_calls(nccl, comm, stream, x, y, g, count, split).items():
             for _ in range(3):
                 call()
             stream.synchronize()
@@ -79,16 +84,24 @@ def _raw_worker(rank, n, gpu, uid, sizes, iters, repeats, gather_calls, conn):
     conn.send(out)
 
 
-def _raw_calls(nccl, comm, stream, x, y, g, count):
+def _raw_calls(nccl, comm, stream, x, y, g, count, split):
     f32 = nccl.NCCL_FLOAT32
+    part = count // split
+    parts = [(x[k * part:(k + 1) * part], y[k * part:(k + 1) * part]) for k in range(split)]
+
+    def split_all_reduce():
+        for a, b in parts:
+            comm.allReduce(a.data.ptr, b.data.ptr, part, f32, nccl.NCCL_SUM, stream.ptr)
+
     return {
         "all_reduce": lambda: comm.allReduce(x.data.ptr, y.data.ptr, count, f32, nccl.NCCL_SUM, stream.ptr),
+        "all_reduce_split": split_all_reduce,
         "broadcast": lambda: comm.bcast(x.data.ptr, count, f32, 0, stream.ptr),
         "all_gather": lambda: comm.allGather(x.data.ptr, g.data.ptr, count, f32, stream.ptr),
     }
 
 
-def raw_nccl(n, gpus, sizes, iters, repeats=1, gather_calls=None):
+def raw_nccl(n, gpus, sizes, iters, repeats=1, gather_calls=None, split=16):
     from cupy.cuda import nccl
 
     uid = nccl.get_unique_id()
@@ -98,7 +111,7 @@ def raw_nccl(n, gpus, sizes, iters, repeats=1, gather_calls=None):
     for r in range(n):
         a, b = ctx.Pipe()
         p = ctx.Process(target=_raw_worker, args=(r, n, gpus[r], uid, sizes, iters, repeats,
-                                                  gather_calls, b))
+                                                  gather_calls, split, b))
         p.start()
         pipes.append(a)
         procs.append(p)
@@ -154,14 +167,20 @@ def _gpu_memory(gpu):
         return 16 << 30
 
 
-def _time_size(synk, nb, s, gs, iters, repeats):
-    """Time the three ops on ``nb``-byte values: ``s`` for all_reduce and
-    broadcast, the copies ``gs`` for all_gather."""
+def _time_size(synk, nb, s, parts, gs, iters, repeats):
+    """Time the ops on ``nb`` bytes: ``s`` for all_reduce and broadcast, the
+    variables ``parts`` (``nb`` bytes together) for all_reduce_split, the copies
+    ``gs`` for all_gather."""
     zeros = np.zeros(nb // 4, dtype="float32")
     out = {}
     synk.broadcast(s, zeros)  # all-reducing zeros keeps the values finite
     out[("all_reduce", nb)] = _timed(lambda i: synk.all_reduce(s, op="sum"), iters, synk.synchronize,
                                      repeats)
+    part = zeros[:nb // 4 // len(parts)]
+    for v in parts:
+        synk.broadcast(v, part)
+    out[("all_reduce_split", nb)] = _timed(lambda i: synk.all_reduce(parts, op="sum"), iters,
+                                           synk.synchronize, repeats)
     out[("broadcast", nb)] = _timed(lambda i: synk.broadcast(s), iters, synk.synchronize, repeats)
 
     def reset():
@@ -174,12 +193,12 @@ def _time_size(synk, nb, s, gs, iters, repeats):
     # buffers in the memory pool, as any loop after its first step does.
     out[("all_gather", nb)] = _timed(lambda i: synk.all_gather(gs[i]), len(gs), synk.synchronize,
                                      repeats, between=reset, warm=len(gs))
-    for v in gs + [s]:
+    for v in gs + parts + [s]:
         synk.broadcast(v, TINY)  # give the memory back
     return out
 
 
-def synk_collectives(n, sizes, iters, repeats, gather_calls):
+def synk_collectives(n, sizes, iters, repeats, gather_calls, split=16):
     """Timings ``{(op, nbytes): (piped, synced)}`` of synk's collectives; the
     variables start tiny and are sized by a broadcast (so distribution is quick)."""
     import pytensor
@@ -190,14 +209,17 @@ def synk_collectives(n, sizes, iters, repeats, gather_calls):
     try:
         tiny = TINY
         main = {nb: pytensor.shared(tiny, name="s%d" % nb) for nb in sizes}
+        split_parts = {nb: [pytensor.shared(tiny, name="p%d_%d" % (nb, k)) for k in range(split)]
+                       for nb in sizes}
         copies = {nb: [pytensor.shared(tiny, name="g%d_%d" % (nb, k))
                        for k in range(gather_calls[nb])] for nb in sizes}
-        every = list(main.values()) + [g for gs in copies.values() for g in gs]
+        every = (list(main.values()) + [g for gs in copies.values() for g in gs]
+                 + [v for vs in split_parts.values() for v in vs])
         synk.function([], outputs=sum(v[0] for v in every))
         synk.distribute()
         out = {}
         for nb in sizes:
-            out.update(_time_size(synk, nb, main[nb], copies[nb], iters, repeats))
+            out.update(_time_size(synk, nb, main[nb], split_parts[nb], copies[nb], iters, repeats))
         # Correctness after all that: rank r holds r + 1; all_reduce and all_gather agree with numpy.
         nb = sizes[0]
         s, g = main[nb], copies[nb][0]
@@ -220,6 +242,8 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=100, help="timed calls per size and op")
     p.add_argument("--repeats", type=int, default=3,
                    help="back-to-back passes per timing; the fastest is kept (default 3)")
+    p.add_argument("--split", type=int, default=16,
+                   help="variables that all_reduce_split divides each size into (default 16)")
     p.add_argument("--quick", action="store_true", help="1,64 MB, 5 calls, 1 pass")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/collectives.json)")
     args = p.parse_args(argv)
@@ -235,13 +259,16 @@ def main(argv=None):
     info = machine_info()
     info["gpus"] = n
     print_machine(info)
-    for name in ("iters", "repeats"):
+    for name in ("iters", "repeats", "split"):
         if getattr(args, name) < 1:
             p.error("--%s must be at least 1, got %d" % (name, getattr(args, name)))
     memory = min(_gpu_memory(g) for g in gpus[:n]) // 3
     gather_calls = {nb: _gather_copies(nb, n, args.iters, memory) for nb in sizes}
-    raw = raw_nccl(n, gpus, sizes, args.iters, args.repeats, gather_calls)
-    synk_t, ok = synk_collectives(n, sizes, args.iters, args.repeats, gather_calls)
+    small = [mb for mb, nb in zip(args.sizes_mb.split(","), sizes) if nb // 4 < args.split]
+    if small:
+        p.error("--split %d does not divide %s MB into float32 parts" % (args.split, small[0]))
+    raw = raw_nccl(n, gpus, sizes, args.iters, args.repeats, gather_calls, args.split)
+    synk_t, ok = synk_collectives(n, sizes, args.iters, args.repeats, gather_calls, args.split)
     rows, records = [], []
     for op in OPS:
         for nb in sizes:
@@ -263,8 +290,12 @@ def main(argv=None):
           "synchronisation (synk.synchronize() for synk, a stream sync for raw)." % (n, args.iters))
     print(table(["op", "MB", "raw ms", "synk ms", "raw busbw", "synk busbw", "synk/raw",
                  "raw synced ms", "synk synced ms", "synced ratio", ">=0.95 from 64MB"], rows))
+    print("all_reduce_split: the same bytes in %d variables, one synk call (raw: one NCCL call "
+          "per variable)" % args.split)
     print("values correct after the runs: %s" % ok)
-    write_json(args.out or default_out(__file__), {"machine": info, "results": records, "correct": ok})
+    settings = dict(iters=args.iters, repeats=args.repeats, split=args.split)
+    write_json(args.out or default_out(__file__), {"machine": info, "settings": settings,
+                                                   "results": records, "correct": ok})
 
 
 if __name__ == "__main__":

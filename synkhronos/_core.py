@@ -144,6 +144,48 @@ class FunctionCore:
         return "index", [np.ascontiguousarray(sel, dtype=np.int64)]
 
     # ----------------------------------------------------------------- execution
+    def device_reduction(self, device, subset, num_slices):
+        """How ``device`` reduces a call's outputs itself: ``(shape, dtype, mode)``
+        per output of ``subset``, or None when they go to the master through the
+        host.  Decided from the graph and the call alone, so that every rank
+        decides alike: each output needs a reduce mode, a static shape (the ranks
+        must agree on sizes before they run), a dtype the device reduces (a float
+        one for ``avg``); and the call must not be sliced (slices accumulate on
+        the host)."""
+        if not device.reduces_outputs or num_slices > 1 or not subset:
+            return None
+        specs = []
+        for i in subset:
+            out, mode = self.outputs[i], self.output_modes[i]
+            shape = getattr(out.type, "shape", None)
+            if mode is None or shape is None or any(d is None for d in shape):
+                return None
+            dtype = np.dtype(out.type.dtype)
+            if dtype.name not in device.reduce_dtypes or (mode == "avg" and dtype.kind != "f"):
+                return None
+            specs.append((tuple(int(d) for d in shape), dtype.name, mode))
+        return specs
+
+    def run_reduced(self, device, specs, root, *args):
+        """``run_local(device, *args)``, then queue the reduction of its outputs
+        into rank ``root`` on the device (``specs`` from ``device_reduction``).
+
+        A rank whose share failed still takes part, with identity values, so that
+        no rank waits forever; the error is raised after.
+
+        Returns
+        -------
+        (weight, had_rows, results)
+            ``results`` is the device's handle on the reduced outputs on root
+            (``device.take_outputs`` copies them to the host), None elsewhere.
+        """
+        try:
+            weight, outputs = self.run_local(device, *args)
+        except Exception:
+            device.reduce_outputs(None, specs, 0, root)
+            raise
+        return weight, outputs is not None, device.reduce_outputs(outputs, specs, weight, root)
+
     def _fit(self, arrays):
         """Safely upcast inputs whose Data dtype differs from the variable's (as
         ``pytensor.function`` does for numpy inputs); each rank casts its rows."""

@@ -400,10 +400,16 @@ class Function:
             for r in rt.worker_ranks
         }
         m = rt.master_rank
+        args = ([(d.data, s) for d, s in zip(scat, rank_scat[m])], [d.data for d in bcast],
+                share_sels[m], subset, num_slices)
+        # On GPUs, outputs of static shape are reduced into the master on the
+        # device; every rank makes the same choice from the same facts.
+        specs = core.device_reduction(rt.device, subset, num_slices)
 
         def local():
-            weight, outputs = core.run_local(rt.device, [(d.data, s) for d, s in zip(scat, rank_scat[m])],
-                                             [d.data for d in bcast], share_sels[m], subset, num_slices)
+            if specs is not None:
+                return core.run_reduced(rt.device, specs, m, *args)
+            weight, outputs = core.run_local(rt.device, *args)
             if outputs:  # copied to the host while the master waits for the workers
                 rt.device.start_host_copies(outputs)
             return weight, outputs
@@ -422,6 +428,9 @@ class Function:
         finally:
             for i in self._reshaped_ids(rt):
                 rt.shapes.pop(i, None)
+        if specs is not None:
+            results = self._take_reduced(rt, specs, mine, replies)
+            return results[0] if output_subset is None and self._single else results
         per_rank = {m: mine}
         for r, (weight, tokens) in replies.items():
             per_rank[r] = (weight, None if tokens is None else receive(tokens, rt.cache))
@@ -429,6 +438,20 @@ class Function:
         if output_subset is None and self._single:
             return results[0]
         return results
+
+    @staticmethod
+    def _take_reduced(rt, specs, mine, replies):
+        """The outputs the device reduced into the master, on the host; ``avg``
+        divided by the rows of every rank that had some (as ``_reduce`` weights)."""
+        weight, had_rows, results = mine
+        total = (weight if had_rows else 0) + sum(w for w, had in replies.values() if had)
+        if not had_rows and not any(had for _, had in replies.values()):
+            raise ValueError("the call selected no rows on any rank")
+        host = rt.device.take_outputs(results)
+        for k, (_, dtype, mode) in enumerate(specs):
+            if mode == "avg":
+                host[k] = np.asarray(host[k] / total).astype(dtype, copy=False)
+        return host
 
     def _reduce(self, per_rank, subset):
         ranks = [r for r in sorted(per_rank) if per_rank[r][1] is not None]

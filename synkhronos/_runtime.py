@@ -19,7 +19,7 @@ from . import _shmem
 from ._core import dumps_cores, reseed_generators
 from ._devices import cpu
 from ._exchange import ExchangeBuffer
-from ._protocol import Command, recv
+from ._protocol import Command, recv, spin_seconds
 from .exceptions import WorkerError
 
 __all__ = ["Runtime", "current", "require", "start", "shutdown", "default_device"]
@@ -123,6 +123,7 @@ class Runtime:
         self.master_rank = master_rank
         self.device = device
         self.profile_workers = profile_workers
+        self.spin = spin_seconds()
         self.token = _shmem.new_token()
         self.exchange = ExchangeBuffer(self.token, master_rank)
         self.cache = _shmem.SegmentCache()
@@ -154,7 +155,7 @@ class Runtime:
             env["SYNK_WORKER"] = json.dumps(dict(
                 rank=rank, fd=theirs.fileno(), token=self.token, n_parallel=self.n_parallel,
                 master_rank=self.master_rank, device=self.device.name,
-                profile=bool(self.profile_workers), sys_path=path,
+                profile=bool(self.profile_workers), sys_path=path, spin=self.spin,
             ))
             if flags:
                 extra = ",".join("%s=%s" % kv for kv in flags.items())
@@ -311,7 +312,7 @@ class Runtime:
         """Read worker ``w``'s oldest owed reply; raise WorkerError if it failed."""
         label = w.owed.popleft()
         try:
-            okay, result = recv(w.conn)
+            okay, result = recv(w.conn, self.spin)
         except (EOFError, OSError):
             self._died(w.rank)
         if not okay:
@@ -357,7 +358,7 @@ class Runtime:
         replies, failures = {}, []
         for r in sent:
             try:
-                okay, result = recv(self.workers[r].conn)
+                okay, result = recv(self.workers[r].conn, self.spin)
             except (EOFError, OSError):
                 dead = r if dead is None else min(dead, r)
                 continue

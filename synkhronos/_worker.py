@@ -27,6 +27,8 @@ class _WorkerState:
         self.rank = config["rank"]
         self.token = config["token"]
         self.n_parallel = config["n_parallel"]
+        self.spin = config["spin"]
+        self.master_rank = config["master_rank"]
         if config["device"] == "gpu":
             from ._devices import gpu
 
@@ -77,12 +79,14 @@ def _distribute(state, payload):
 def _call(state, payload):
     fn_id, scattered, bcast, share_sel, subset, num_slices = payload
     view = state.cache.view
-    weight, outputs = state.cores[fn_id].run_local(
-        state.device,
-        [(view(ref), sel) for ref, sel in scattered],
-        [view(ref) for ref in bcast],
-        share_sel, subset, num_slices,
-    )
+    core = state.cores[fn_id]
+    args = ([(view(ref), sel) for ref, sel in scattered], [view(ref) for ref in bcast],
+            share_sel, subset, num_slices)
+    specs = core.device_reduction(state.device, subset, num_slices)
+    if specs is not None:  # reduced into the master on the device: nothing to send
+        weight, had_rows, _ = core.run_reduced(state.device, specs, state.master_rank, *args)
+        return weight, had_rows
+    weight, outputs = core.run_local(state.device, *args)
     return weight, None if outputs is None else state.exchange.send(outputs)
 
 
@@ -139,7 +143,7 @@ def _serve(conn, state):
     """Answer commands until EXIT; returns False if the master vanished."""
     while True:
         try:
-            cmd, payload, drops = recv(conn)
+            cmd, payload, drops = recv(conn, state.spin)
         except (EOFError, OSError):
             return False
         for name in drops:

@@ -96,3 +96,31 @@ def test_profile_workers_writes_profiles(tmp_path, monkeypatch):
     while not glob.glob(os.path.join(str(tmp_path), "synkhronos_worker_1_%d.prof" % pid)):
         assert time.monotonic() < deadline, os.listdir(tmp_path)
         time.sleep(0.05)
+
+
+def test_receive_spin_is_read_from_the_environment_at_fork(monkeypatch):
+    from synkhronos import _runtime
+    from synkhronos._protocol import SPIN_DEFAULT, SPIN_ENV, spin_seconds
+
+    monkeypatch.delenv(SPIN_ENV, raising=False)
+    assert spin_seconds() == SPIN_DEFAULT
+    monkeypatch.setenv(SPIN_ENV, "250")
+    assert spin_seconds() == pytest.approx(250e-6)
+    synk.fork(2, use_gpu=False)
+    try:
+        assert _runtime.current().spin == pytest.approx(250e-6)
+        synk.distribute()  # the worker took its spin from the master's configuration
+    finally:
+        synk.close()
+
+
+@pytest.mark.parametrize("bad", ["fast", "-5", "inf", "nan"])
+def test_bad_spin_variable_is_named_and_nothing_starts(monkeypatch, bad):
+    from synkhronos import _runtime
+    from synkhronos._protocol import SPIN_ENV
+
+    monkeypatch.setenv(SPIN_ENV, bad)
+    with pytest.raises(ValueError, match="%s must be a non-negative number of microseconds, got '%s'"
+                       % (SPIN_ENV, bad)):
+        synk.fork(2, use_gpu=False)
+    assert _runtime.current() is None

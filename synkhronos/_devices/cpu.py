@@ -25,6 +25,8 @@ class CpuDevice:
     label = "CPU cores"
     nccl = False
     queued = False  # a call's work is done when its reply comes
+    reduces_outputs = False  # function outputs are reduced in the master
+    reduce_dtypes = ()
 
     def available(self):
         return usable_cores()

@@ -91,6 +91,49 @@ def test_worker_error_on_gpu_names_rank(gpu2):
     np.testing.assert_allclose(f(xd, yd, batch=4), 2 * 3 * 2)  # the session still works
 
 
+def test_outputs_of_static_shape_are_reduced_on_the_gpus(gpu2, monkeypatch):
+    """Outputs whose shape the graph knows are reduced into the master over NCCL
+    (no rank copies them to the host first) and equal plain PyTensor's for every
+    mode, with uneven splits and with a rank that has no rows."""
+    rng = np.random.default_rng(5)
+    w = pytensor.shared(rng.standard_normal((4, 3)).astype("float32"), name="w", shape=(4, 3))
+    x = pt.matrix("x")
+    z = x.dot(w)
+    outs = [z.mean(axis=0), (z.sum(axis=0), "sum"), (z.max(axis=0), "max"), (z.min(axis=0), "min"),
+            ((1 + 0.01 * z).prod(axis=0), "prod"), (x.shape[0], "sum")]
+    f = synk.function([x], outputs=outs)
+    ref = pytensor.function([x], [o[0] if isinstance(o, tuple) else o for o in outs])
+    synk.distribute()
+    dev = synk._runtime.current().device
+    reduced = []
+    through_device = dev.reduce_outputs
+    monkeypatch.setattr(dev, "reduce_outputs", lambda *a: reduced.append(a[1]) or through_device(*a))
+    data = rng.standard_normal((23, 4)).astype("float32")
+    d = synk.data(data)
+    for batch in (None, [6], slice(3, 20)):
+        rows = data if batch is None else data[batch]
+        for got, want in zip(f(d, batch=batch), ref(rows)):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    assert len(reduced) == 3
+    assert [m for _, _, m in reduced[0]] == ["avg", "sum", "max", "min", "prod", "sum"]
+
+
+def test_failed_share_in_the_master_still_takes_part_in_the_reduction(gpu2):
+    """The master's own share fails: it still sends identity values, so the
+    worker's reduction does not wait forever, and the session goes on."""
+    x = pt.matrix("x")
+    y = pt.matrix("y")
+    f = synk.function([x], bcast_inputs=[y], outputs=(x + y).sum())
+    synk.distribute()
+    xd = synk.data(np.ones((5, 3), dtype="float32"))
+    yd = synk.data(np.ones((2, 3), dtype="float32"))  # fits rank 1's 2 rows, not the master's 3
+    with pytest.raises(Exception) as info:
+        f(xd, yd)
+    assert not isinstance(info.value, synk.WorkerError)
+    np.testing.assert_allclose(f(xd, yd, batch=4), 2 * 3 * 2)
+    np.testing.assert_allclose(f(xd, yd, batch=4), 2 * 3 * 2)
+
+
 def test_close_leaves_nothing():
     synk.fork(2, use_gpu=True)
     rt = synk._runtime.current()
@@ -230,6 +273,48 @@ def test_collective_reads_its_own_output_only_while_it_is_the_value(gpu2):
     synk.all_reduce(s, op="sum")  # 17
     for r in range(2):
         np.testing.assert_array_equal(synk.get_value(r, s), np.full(1024, 17))
+
+
+def test_collective_imports_its_outputs_after_its_other_cuda_calls(gpu2):
+    """JAX's import of a buffer the NCCL stream is still writing makes the next
+    CUDA call wait for that write: a collective on several variables launches
+    every NCCL kernel and records its event before it imports any output (else
+    the kernels run one at a time), and values come out right."""
+    vs = [pytensor.shared(np.full(256, k + 1, dtype="float32"), name="v%d" % k)
+          for k in range(3)]
+    synk.function([], outputs=sum(v.sum() for v in vs))
+    synk.distribute()
+    dev = synk._runtime.current().device
+    synk.all_reduce(vs, op="sum")  # 2 (k + 1); the importer is made on first use
+    order = []
+    comm, imp, mark = dev._comm, dev._import, dev._mark
+
+    class Recording:
+        def __getattr__(self, name):
+            def call(*args):
+                order.append(name)
+                return getattr(comm, name)(*args)
+            return call
+
+    def importing(buf):
+        order.append("import")
+        return imp(buf)
+
+    def marking():
+        order.append("mark")
+        return mark()
+
+    dev._comm, dev._import, dev._mark = Recording(), importing, marking
+    try:
+        synk.all_reduce(vs, op="sum")  # 4 (k + 1)
+        synk.all_gather(vs)
+    finally:
+        dev._comm, dev._import, dev._mark = comm, imp, mark
+    per_call = ["mark"] + ["import"] * 3
+    assert order == ["allReduce"] * 3 + per_call + ["allGather"] * 3 + per_call
+    for r in range(2):
+        for k, v in enumerate(synk.get_value(r, vs)):
+            np.testing.assert_array_equal(v, np.full(512, 4 * (k + 1)))
 
 
 def _run_on_one_gpu(code):

@@ -76,13 +76,18 @@ def test_nccl_matches_shared_memory_path(gpu2, op):
         np.testing.assert_allclose(synk.get_value(r, a), host, rtol=1e-5, atol=1e-6)
 
 
-def test_worker_error_on_gpu_names_rank(gpu2):
+def _sum_of_rows_plus(y_rows):
+    """A function of 5 rows (3 on the master, 2 on rank 1) plus a broadcast
+    input of ``y_rows`` rows, which only the rank with that many rows can add."""
     x = pt.matrix("x")
     y = pt.matrix("y")
     f = synk.function([x], bcast_inputs=[y], outputs=(x + y).sum())
     synk.distribute()
-    xd = synk.data(np.ones((5, 3), dtype="float32"))
-    yd = synk.data(np.ones((3, 3), dtype="float32"))  # fits rank 0's 3 rows, not rank 1's 2
+    return f, synk.data(np.ones((5, 3), dtype="float32")), synk.data(np.ones((y_rows, 3), dtype="float32"))
+
+
+def test_worker_error_on_gpu_names_rank(gpu2):
+    f, xd, yd = _sum_of_rows_plus(3)  # fits rank 0's 3 rows, not rank 1's 2
     with pytest.raises(synk.WorkerError) as info:
         f(xd, yd)
     assert info.value.rank == 1 and info.value.worker_traceback
@@ -121,12 +126,7 @@ def test_outputs_of_static_shape_are_reduced_on_the_gpus(gpu2, monkeypatch):
 def test_failed_share_in_the_master_still_takes_part_in_the_reduction(gpu2):
     """The master's own share fails: it still sends identity values, so the
     worker's reduction does not wait forever, and the session goes on."""
-    x = pt.matrix("x")
-    y = pt.matrix("y")
-    f = synk.function([x], bcast_inputs=[y], outputs=(x + y).sum())
-    synk.distribute()
-    xd = synk.data(np.ones((5, 3), dtype="float32"))
-    yd = synk.data(np.ones((2, 3), dtype="float32"))  # fits rank 1's 2 rows, not the master's 3
+    f, xd, yd = _sum_of_rows_plus(2)  # fits rank 1's 2 rows, not the master's 3
     with pytest.raises(Exception) as info:
         f(xd, yd)
     assert not isinstance(info.value, synk.WorkerError)

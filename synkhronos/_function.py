@@ -430,11 +430,11 @@ class Function:
                 rt.shapes.pop(i, None)
         if specs is not None:
             results = self._take_reduced(rt, specs, mine, replies)
-            return results[0] if output_subset is None and self._single else results
-        per_rank = {m: mine}
-        for r, (weight, tokens) in replies.items():
-            per_rank[r] = (weight, None if tokens is None else receive(tokens, rt.cache))
-        results = self._reduce(per_rank, subset)
+        else:
+            per_rank = {m: mine}
+            for r, (weight, tokens) in replies.items():
+                per_rank[r] = (weight, None if tokens is None else receive(tokens, rt.cache))
+            results = self._reduce(per_rank, subset)
         if output_subset is None and self._single:
             return results[0]
         return results
@@ -444,9 +444,10 @@ class Function:
         """The outputs the device reduced into the master, on the host; ``avg``
         divided by the rows of every rank that had some (as ``_reduce`` weights)."""
         weight, had_rows, results = mine
-        total = (weight if had_rows else 0) + sum(w for w, had in replies.values() if had)
-        if not had_rows and not any(had for _, had in replies.values()):
+        ranks = [(weight, had_rows)] + list(replies.values())
+        if not any(had for _, had in ranks):
             raise ValueError("the call selected no rows on any rank")
+        total = sum(w for w, had in ranks if had)
         host = rt.device.take_outputs(results)
         for k, (_, dtype, mode) in enumerate(specs):
             if mode == "avg":

@@ -8,7 +8,7 @@ ranks' values with equal weights.
 
 import numpy as np
 
-__all__ = ["REDUCE_OPS", "check_op", "Accumulator", "reduce_values"]
+__all__ = ["REDUCE_OPS", "check_op", "identity", "Accumulator", "reduce_values"]
 
 REDUCE_OPS = ("avg", "sum", "prod", "max", "min", None)
 
@@ -28,6 +28,20 @@ def check_op(op, argname="op", allow_none=True):
             "%s must be one of %s, got %r" % (argname, ", ".join(repr(o) for o in allowed), op)
         )
     return op
+
+
+def identity(op, dtype):
+    """The value of ``dtype`` that leaves a reduction under ``op`` unchanged
+    (what a rank without a value contributes to a device reduction)."""
+    dtype = np.dtype(dtype)
+    if op in ("sum", "avg"):
+        return 0
+    if op == "prod":
+        return 1
+    if dtype.kind == "f":
+        return -np.inf if op == "max" else np.inf
+    info = np.iinfo(dtype)
+    return info.min if op == "max" else info.max
 
 
 class Accumulator:

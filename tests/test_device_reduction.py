@@ -12,6 +12,7 @@ import pytest
 from synkhronos._core import FunctionCore
 from synkhronos._devices import cpu, gpu
 from synkhronos._function import Function
+from synkhronos._reduce import identity
 
 REDUCING = types.SimpleNamespace(reduces_outputs=True, reduce_dtypes=gpu.GpuDevice.reduce_dtypes)
 
@@ -64,7 +65,7 @@ def test_one_host_output_sends_the_whole_call_through_the_host():
     ("max", "float32", -np.inf), ("min", "float64", np.inf),
     ("max", "int64", np.iinfo(np.int64).min), ("min", "uint8", 255)])
 def test_identity_leaves_the_reduction_unchanged(mode, dtype, expect):
-    ident = gpu._identity(mode, dtype)
+    ident = identity(mode, dtype)
     assert ident == expect
     v = np.array([3, 7], dtype=dtype)
     combine = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[mode]

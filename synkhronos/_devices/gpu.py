@@ -22,6 +22,8 @@ import weakref
 
 import numpy as np
 
+from .._reduce import identity
+
 __all__ = ["GpuDevice", "visible_gpus", "gpu_stack_available"]
 
 _JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
@@ -366,7 +368,7 @@ class GpuDevice:
                     problems.append("output %d on rank %d: %s" % (k, self.rank, exc))
             if x is None:
                 with self._stream:
-                    x = cupy.full(shape, _identity(mode, dtype), dtype=dtype)
+                    x = cupy.full(shape, identity(mode, dtype), dtype=dtype)
             with self._stream:
                 out = cupy.empty_like(x) if self.rank == root else x
                 self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
@@ -656,19 +658,6 @@ class GpuDevice:
                 outputs.append((var, joined))
         self._finish(keep, outputs)
         self._raise(problems)
-
-
-def _identity(mode, dtype):
-    """The value that leaves a reduction under ``mode`` unchanged."""
-    dtype = np.dtype(dtype)
-    if mode in ("sum", "avg"):
-        return 0
-    if mode == "prod":
-        return 1
-    if dtype.kind == "f":
-        return -np.inf if mode == "max" else np.inf
-    info = np.iinfo(dtype)
-    return info.min if mode == "max" else info.max
 
 
 def _is_array(value):

@@ -328,8 +328,10 @@ def _run_on_one_gpu(code):
 
 def test_jax_importer_takes_the_fast_path_and_keeps_values():
     """The direct DLPack import must be in use on a supported JAX (else queued
-    collectives pay ~45 us more per call), and give the same arrays."""
-    code = ("import cupy, jax, numpy as np\n"
+    collectives pay ~45 us more per call), give the same arrays, make XLA wait
+    for the stream still writing them, and leave that hand-off to its own
+    untimed event: CuPy is asked for none (its event is timed)."""
+    code = ("import cupy, jax, jax.numpy as jnp, numpy as np\n"
             "from synkhronos._devices.gpu import _jax_importer\n"
             "imp = _jax_importer()\n"
             "assert imp is not jax.dlpack.from_dlpack, 'fell back to the public import'\n"
@@ -341,7 +343,21 @@ def test_jax_importer_takes_the_fast_path_and_keeps_values():
             "np.testing.assert_array_equal(np.asarray(j), np.arange(12).reshape(3, 4) * 2)\n"
             "with s:\n"
             "    k = imp(cupy.arange(3, dtype=cupy.int64))\n"
-            "assert np.asarray(k).tolist() == [0, 1, 2]\n")
+            "assert np.asarray(k).tolist() == [0, 1, 2]\n"
+            "asked = []\n"
+            "class Spy:\n"
+            "    def __init__(self, a):\n"
+            "        self.a, self.dtype = a, a.dtype\n"
+            "    def __dlpack__(self, stream=None):\n"
+            "        asked.append(stream)\n"
+            "        return self.a.__dlpack__(stream=stream)\n"
+            "with s:\n"
+            "    big = cupy.zeros(1 << 26, dtype=cupy.float32)\n"
+            "    for _ in range(30):\n"  # milliseconds of work still queued at the import
+            "        big += 1\n"
+            "    late = imp(Spy(big))\n"
+            "assert asked == [-1], asked\n"
+            "assert float(jnp.min(late)) == 30.0\n")
     _run_on_one_gpu(code)
 
 

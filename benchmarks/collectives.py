@@ -282,7 +282,7 @@ def main(argv=None):
             records.append(rec)
             target = "" if nb < 64 * 2**20 else ("PASS" if rec["ratio"] >= 0.95 else "FAIL")
             rows.append([op, "%g" % rec["mb"], "%.3f" % rec["raw_ms"], "%.3f" % rec["synk_ms"],
-                         "%.0f" % rec["raw_busbw"], "%.0f" % rec["synk_busbw"], "%.2f" % rec["ratio"],
+                         "%.0f" % rec["raw_busbw"], "%.0f" % rec["synk_busbw"], "%.3f" % rec["ratio"],
                          "%.3f" % rec["raw_synced_ms"], "%.3f" % rec["synk_synced_ms"],
                          "%.2f" % rec["ratio_synced"], target])
     print("\nCollectives on %d GPUs (busbw in GB/s).  Back to back: ms per call over %d calls "

@@ -429,6 +429,7 @@ def _parse(argv=None):
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/call_overhead.json)")
     p.add_argument("--_memory-child", dest="memory_child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    ranks_given = args.ranks is not None
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key) is None:  # explicit options win over --quick
             setattr(args, key, value)
@@ -441,6 +442,15 @@ def _parse(argv=None):
         p.error("--ranks, --sizes, --calls and --repeats must be positive")
     if set(args.parts) - set("abc"):
         p.error("--parts takes letters from 'abc'")
+    if args.gpu:
+        from synkhronos._devices.gpu import visible_gpus
+
+        gpus = len(visible_gpus())
+        if ranks_given and max(args.ranks) > gpus:
+            p.error("--ranks %s: only %d GPUs are visible" % (",".join(map(str, args.ranks)), gpus))
+        args.ranks = [r for r in args.ranks if r <= gpus]  # the defaults, as far as there are GPUs
+        if not args.ranks:
+            p.error("--gpu needs a visible GPU")
     return args
 
 

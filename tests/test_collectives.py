@@ -23,8 +23,9 @@ def make_env(n, use_gpu, master_rank=0):
     ns.b = pytensor.shared(np.zeros(4, dtype=fx), name="b")
     ns.big = pytensor.shared(np.zeros((1, 1000), dtype=fx), name="big")  # rows > 64 KiB go via shm
     ns.c = pytensor.shared(np.float64(0.0).astype(fx), name="c")
+    ns.i = pytensor.shared(np.zeros(3, dtype="int32"), name="i")
     ns.unused = pytensor.shared(np.zeros(2, dtype=fx), name="unused")
-    synk.function([], outputs=ns.a.sum() + ns.b.sum() + ns.big.sum() + ns.c)
+    synk.function([], outputs=ns.a.sum() + ns.b.sum() + ns.big.sum() + ns.c + ns.i.sum())
     synk.distribute()
     return ns
 
@@ -154,6 +155,41 @@ def test_all_reduce(env, op, fn):
     synk.all_reduce([env.a], op=op)
     for r in range(env.n):
         close(synk.get_value(r, env.a), fn(np.stack(values), axis=0))
+
+
+@pytest.mark.parametrize("op", ["avg", "sum", "max"])
+def test_reduce_several_variables(env, op):
+    # One call on variables of different shapes and dtypes (on GPUs: one NCCL group).
+    fn = {"avg": np.mean, "sum": np.sum, "max": np.max}[op]
+    per_var = {env.a: [rand(env, 5, 3) for _ in range(env.n)],
+               env.b: [rand(env, 4) for _ in range(env.n)],
+               env.i: [env.rng.integers(-50, 50, 3).astype("int32") for _ in range(env.n)]}
+    expected = [np.asarray(fn(np.stack(vs), axis=0)).astype(vs[0].dtype) for vs in per_var.values()]
+    for var, vs in per_var.items():
+        set_each(env, var, vs)
+    variables = list(per_var)
+    for got, want in zip(synk.reduce(variables, op=op, in_place=False), expected):
+        assert got.dtype == want.dtype
+        close(got, want)
+    synk.all_reduce(variables, op=op)
+    for r in range(env.n):
+        for var, want in zip(variables, expected):
+            close(synk.get_value(r, var), want)
+
+
+def test_integer_avg_truncates(env):
+    # Means of odd sums, negative ones too, cast back to int32 as numpy casts.
+    values = [np.array([3, -3, 10], dtype="int32") + (r == 0) * np.array([1, -1, 1], dtype="int32")
+              for r in range(env.n)]
+    expected = np.mean(np.stack(values), axis=0).astype("int32")
+    assert expected.tolist() != np.mean(np.stack(values), axis=0).tolist()  # something truncates
+    set_each(env, env.i, values)
+    got = synk.reduce(env.i, op="avg", in_place=False)
+    assert got.dtype == np.int32 and got.tolist() == expected.tolist()
+    synk.all_reduce(env.i, op="avg")
+    for r in range(env.n):
+        got = synk.get_value(r, env.i)
+        assert got.dtype == np.int32 and got.tolist() == expected.tolist()
 
 
 def test_reduce_mismatched_shapes(env):

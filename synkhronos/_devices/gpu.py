@@ -13,6 +13,8 @@ their results (a function call, ``get_value``, another collective) waits for the
 """
 
 import collections
+import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -59,27 +61,46 @@ def gpu_stack_available():
     return find_spec("jax") is not None and find_spec("cupy") is not None
 
 
-# Inputs of queued collectives the host may hold before it waits for the GPU.
-_INFLIGHT_BYTES = 2 << 30
-_NCCL_DTYPES = {}  # numpy dtype name -> NCCL data type, filled on first use
+# Bytes of inputs of queued collectives the host may hold before it waits for
+# the GPU.  Fewer calls queued ran faster: on 2 H200s, 64 MB all-reduces ran at
+# 0.93-0.94x raw NCCL with 2 GB (32 calls queued), 0.97 with 256 MB and 0.98
+# with 128 MB (two runs each, in one session); at 1 GB the limits did not differ.
+_INFLIGHT_BYTES = 128 << 20
+_NCCL_DTYPE_NAMES = ("float16", "float32", "float64", "int8", "uint8", "int32", "uint32",
+                     "int64", "uint64")
+_NCCL_TYPES = {}  # dtype, as given -> NCCL data type, filled on use
 
 
 def _nccl_dtype(nccl, dtype):
-    if not _NCCL_DTYPES:
-        _NCCL_DTYPES.update(
-            float32=nccl.NCCL_FLOAT32, float64=nccl.NCCL_FLOAT64, float16=nccl.NCCL_FLOAT16,
-            int32=nccl.NCCL_INT32, int64=nccl.NCCL_INT64, uint8=nccl.NCCL_UINT8, int8=nccl.NCCL_INT8,
-            uint32=nccl.NCCL_UINT32, uint64=nccl.NCCL_UINT64)
+    """NCCL's data type for ``dtype`` (a name or numpy dtype).  Cached as given:
+    ``np.dtype(dtype).name`` alone took ~3 us, twice per variable and call."""
     try:
-        return _NCCL_DTYPES[np.dtype(dtype).name]
+        return _NCCL_TYPES[dtype]
     except KeyError:
+        pass
+    name = np.dtype(dtype).name
+    if name not in _NCCL_DTYPE_NAMES:
         raise TypeError("NCCL has no data type for %s; use nccl=False for the shared-memory "
-                        "path" % dtype) from None
+                        "path" % dtype)
+    _NCCL_TYPES[dtype] = getattr(nccl, "NCCL_" + name.upper())
+    return _NCCL_TYPES[dtype]
+
+
+def _untimed_event(stream=None):
+    """An event recorded on ``stream`` (the current one if None), without timing:
+    CuPy's default event records a timestamp, and between two back-to-back NCCL
+    kernels that left the GPU idle about 3 us per call on H200s (0.1 us
+    without), over 1% of a 64 MB all-reduce."""
+    import cupy
+
+    event = cupy.cuda.Event(disable_timing=True)
+    event.record(stream)
+    return event
 
 
 def _jax_importer():
-    """A function taking a CuPy array (inside ``with stream:``) to a JAX array on
-    the same memory, ordered after that stream's work.
+    """A function taking a list of CuPy arrays (inside ``with stream:``) to JAX
+    arrays on the same memory, ordered after that stream's work.
 
     ``jax.dlpack.from_dlpack`` does this, but spends most of its ~45 us in Python
     (device lookup, then an ``asarray`` that changes nothing for a canonical
@@ -90,7 +111,9 @@ def _jax_importer():
     array, the public function is used instead."""
     import jax
 
-    public = jax.dlpack.from_dlpack
+    def public(bufs):
+        return [jax.dlpack.from_dlpack(b) for b in bufs]
+
     try:
         import cupy
         from jax._src import dtypes
@@ -102,23 +125,20 @@ def _jax_importer():
         ready = cupy.cuda.ExternalStream(stream)
         extra = (int(DLDeviceType.kDLCUDA),) if jaxlib_extension_version >= 467 else ()
 
-        def fast(buf):
-            if dtypes.canonicalize_dtype(buf.dtype) != buf.dtype:
-                return public(buf)
-            # XLA's ready stream waits for the current stream's work so far.
-            # CuPy's own hand-off (``__dlpack__(stream=ready)``) records a
-            # timed event on the NCCL stream, the kind ``_mark`` avoids; so the
-            # event here is untimed and CuPy is asked for no hand-off (-1).
-            # (On 2 H200s the 64 MB all-reduce benchmark could not tell the
-            # two apart: 0.263-0.265 ms against 0.263-0.264 ms per call.)
-            event = cupy.cuda.Event(disable_timing=True)
-            event.record()
-            ready.wait_event(event)
-            return _jax.dlpack_managed_tensor_to_buffer(buf.__dlpack__(stream=-1), device, stream,
-                                                        None, *extra)
+        def fast(bufs):
+            # XLA's ready stream waits once for the current stream's work so
+            # far, with an untimed event (``_untimed_event``), and CuPy is asked
+            # for no hand-off of its own (-1): its own records a timed event
+            # per array.  (On 2 H200s the 64 MB all-reduce benchmark could not
+            # tell the two apart: 0.263-0.265 ms against 0.263-0.264 ms.)
+            ready.wait_event(_untimed_event())
+            return [_jax.dlpack_managed_tensor_to_buffer(b.__dlpack__(stream=-1), device, stream,
+                                                         None, *extra)
+                    if dtypes.canonicalize_dtype(b.dtype) == b.dtype else jax.dlpack.from_dlpack(b)
+                    for b in bufs]
 
         probe = cupy.arange(6, dtype=cupy.float32).reshape(2, 3)
-        got = fast(probe)
+        (got,) = fast([probe])
         if not isinstance(got, jax.Array) or got.shape != (2, 3) or \
                 np.asarray(got).tolist() != [[0, 1, 2], [3, 4, 5]]:
             return public
@@ -182,8 +202,7 @@ class GpuDevice:
     queued = True  # device work is queued: calls without results need not wait for replies
     # Function outputs of static shape are reduced into the master over NCCL
     # (``reduce_outputs``, see ``reduces_outputs``) in these dtypes.
-    reduce_dtypes = ("float16", "float32", "float64", "int8", "uint8", "int32", "uint32",
-                     "int64", "uint64")
+    reduce_dtypes = _NCCL_DTYPE_NAMES
 
     def __init__(self, gpu_ids=None):
         self.gpu_ids = visible_gpus() if gpu_ids is None else list(gpu_ids)
@@ -370,22 +389,24 @@ class GpuDevice:
         from cupy.cuda import nccl
 
         problems, keep, results = [], [], []
-        for k, (shape, dtype, mode) in enumerate(specs):
-            x = None
-            if outputs is not None:
-                try:
-                    x = self._output_buffer(outputs[k], shape, dtype, mode, weight, keep)
-                except Exception as exc:  # still take part: the other ranks wait for this one
-                    problems.append("output %d on rank %d: %s" % (k, self.rank, exc))
-            if x is None:
+        with self._grouped(len(specs)):
+            for k, (shape, dtype, mode) in enumerate(specs):
+                x = None
+                if outputs is not None:
+                    try:
+                        x = self._output_buffer(outputs[k], shape, dtype, mode, weight, keep)
+                    except Exception as exc:  # still take part: the other ranks wait for this one
+                        problems.append("output %d on rank %d: %s" % (k, self.rank, exc))
+                if x is None:
+                    with self._stream:
+                        x = cupy.full(shape, identity(mode, dtype), dtype=dtype)
                 with self._stream:
-                    x = cupy.full(shape, identity(mode, dtype), dtype=dtype)
-            with self._stream:
-                out = cupy.empty_like(x) if self.rank == root else x
-                self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
-                                  self._op(mode), root, self._stream.ptr)
-            keep.append(x)
-            results.append(out)
+                    out = cupy.empty(x.shape, x.dtype) if self.rank == root else x
+                    # avg: the weighted parts are summed here and divided on the host.
+                    self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
+                                      self._op("sum" if mode == "avg" else mode), root, self._stream.ptr)
+                keep.append(x)
+                results.append(out)
         self._retire(*keep)
         self._raise(problems)
         return results if self.rank == root else None
@@ -399,9 +420,7 @@ class GpuDevice:
         if tuple(np.shape(value)) != shape:
             raise ValueError("shape %s, but the graph says %s" % (tuple(np.shape(value)), shape))
         if isinstance(value, jax.Array):
-            if self._export is None:
-                self._export = _cupy_exporter(self._stream)
-            x = self._export(value)
+            x = self._to_cupy(value)
             keep.append(x)
         else:  # a function the user compiled for the CPU
             with self._stream:
@@ -442,27 +461,31 @@ class GpuDevice:
         own = self._own.get(id(var))
         if own is not None and own[0]() is value:
             return own[1], True  # written by this stream: stream order suffices
+        return self._to_cupy(value), True
+
+    def _to_cupy(self, value):
+        """A CuPy view of JAX array ``value``, ordered on the NCCL stream after
+        XLA's writes to it (see ``_cupy_exporter``)."""
         if self._export is None:
             self._export = _cupy_exporter(self._stream)
-        return self._export(value), True
+        return self._export(value)
 
-    def _output(self, var, buf):
-        """Make ``buf``, written on the NCCL stream, ``var``'s value.  The buffer
-        is remembered while that value lives, so that a following collective on
-        ``var`` reads it on the same stream, without a round trip through XLA's
-        stream (on the GPU) and DLPack (on the host)."""
+    def _outputs(self, outputs):
+        """Make each ``buf`` of ``outputs``' ``(var, buf)``, written on the NCCL
+        stream, ``var``'s value.  The buffer is remembered while that value
+        lives, so that a following collective on ``var`` reads it on the same
+        stream, without a round trip through XLA's stream (on the GPU) and
+        DLPack (on the host)."""
+        if not outputs:
+            return
         if self._import is None:
             self._import = _jax_importer()
-        with self._stream:  # DLPack: XLA's stream waits for this one
-            value = self._import(buf)
-        var.container.storage[0] = value
-        own, key = self._own, id(var)
-
-        def forget(ref):
-            if own.get(key, (None,))[0] is ref:
-                del own[key]
-
-        own[key] = (weakref.ref(value, forget), buf)
+        with self._stream:  # XLA's stream waits for this one
+            values = self._import([buf for _, buf in outputs])
+        own = self._own
+        for (var, buf), value in zip(outputs, values):
+            var.container.storage[0] = value
+            own[id(var)] = (weakref.ref(value, functools.partial(_forget, own, id(var))), buf)
 
     def _finish(self, keep, outputs):
         """Close a collective: keep the arrays ``keep`` alive behind one event
@@ -476,8 +499,7 @@ class GpuDevice:
         between them; imported last, the wait falls on the next collective's
         first NCCL launch, when the GPU has finished this one anyway."""
         self._retire(*keep)
-        for var, buf in outputs:
-            self._output(var, buf)
+        self._outputs(outputs)
 
     def _retire(self, *arrays):
         """Keep ``arrays`` alive until the NCCL stream has passed this point.  If
@@ -495,15 +517,8 @@ class GpuDevice:
             self._held -= old
 
     def _mark(self):
-        """An event recorded on the NCCL stream now.  Without timing: CuPy's
-        default event records a timestamp, and between two back-to-back NCCL
-        kernels that left the GPU idle about 3 us per call on H200s (0.1 us
-        without), over 1% of a 64 MB all-reduce."""
-        import cupy
-
-        event = cupy.cuda.Event(disable_timing=True)
-        event.record(self._stream)
-        return event
+        """An (untimed) event recorded on the NCCL stream now."""
+        return _untimed_event(self._stream)
 
     def _wait(self):
         """Wait for the NCCL stream (see ``_wait_for``)."""
@@ -537,29 +552,50 @@ class GpuDevice:
             raise ValueError("; ".join(problems))
 
     def _op(self, op):
+        """NCCL's reduce operation for ``op``.  ``avg`` is NCCL's own (NCCL 2.10
+        and later; CuPy may not name it): the sum scaled by 1/n inside the
+        collective's kernel, with integer division for integers (truncated,
+        as the shared-memory path truncates).  A separate scaling kernel took
+        82 us at 64 MB on an H200, a third as long as the all-reduce itself."""
         if self._ops is None:
             from cupy.cuda import nccl
 
-            self._ops = {"avg": nccl.NCCL_SUM, "sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD,
-                         "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
+            self._ops = {"avg": getattr(nccl, "NCCL_AVG", 4), "sum": nccl.NCCL_SUM,
+                         "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
         return self._ops[op]
+
+    @contextlib.contextmanager
+    def _grouped(self, count):
+        """Queue the NCCL calls made inside as one launch when there are several
+        (``count``): one kernel for a call's variables instead of one each, with
+        the host's work between them.  Nothing inside may read their results."""
+        if count < 2:
+            yield
+            return
+        from cupy.cuda import nccl
+
+        nccl.groupStart()
+        try:
+            yield
+        finally:
+            nccl.groupEnd()
 
     def nccl_all_reduce(self, variables, op, shapes):
         import cupy
         from cupy.cuda import nccl
 
         problems, keep, outputs = [], [], []
-        for var, shape in zip(variables, shapes):
-            x, real = self._input(var, shape, problems)
-            with self._stream:
-                out = cupy.empty_like(x)
-                self._comm.allReduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
-                                     self._op(op), self._stream.ptr)
-                if op == "avg":
-                    out *= x.dtype.type(1.0 / self.n_parallel)
-            keep.append(x)
-            if real:
-                outputs.append((var, out))
+        nccl_op = self._op(op)
+        with self._grouped(len(variables)):
+            for var, shape in zip(variables, shapes):
+                x, real = self._input(var, shape, problems)
+                with self._stream:
+                    out = cupy.empty(x.shape, x.dtype)
+                    self._comm.allReduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
+                                         nccl_op, self._stream.ptr)
+                keep.append(x)
+                if real:
+                    outputs.append((var, out))
         self._finish(keep, outputs)
         self._raise(problems)
 
@@ -569,18 +605,18 @@ class GpuDevice:
         from cupy.cuda import nccl
 
         problems, outs, keep, outputs = [], [], [], []
-        for var, shape in zip(variables, shapes):
-            x, real = self._input(var, shape, problems)
-            with self._stream:
-                out = cupy.empty_like(x) if self.rank == root else x
-                self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
-                                  self._op(op), root, self._stream.ptr)
-                if self.rank == root and op == "avg":
-                    out *= x.dtype.type(1.0 / self.n_parallel)
-            keep.append(x)
-            if self.rank == root and in_place and real:
-                outputs.append((var, out))
-            outs.append(out)
+        nccl_op = self._op(op)
+        with self._grouped(len(variables)):
+            for var, shape in zip(variables, shapes):
+                x, real = self._input(var, shape, problems)
+                with self._stream:
+                    out = cupy.empty(x.shape, x.dtype) if self.rank == root else x
+                    self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
+                                      nccl_op, root, self._stream.ptr)
+                keep.append(x)
+                if self.rank == root and in_place and real:
+                    outputs.append((var, out))
+                outs.append(out)
         self._finish(keep, outputs)
         self._raise(problems)
         if self.rank != root or in_place:
@@ -594,16 +630,18 @@ class GpuDevice:
         from cupy.cuda import nccl
 
         problems, keep, outputs = [], [], []
-        for var, shape in zip(variables, shapes):
-            if self.rank == root:
-                buf, _ = self._input(var, shape, problems)
-            else:
+        with self._grouped(len(variables)):
+            for var, shape in zip(variables, shapes):
+                if self.rank == root:
+                    buf, _ = self._input(var, shape, problems)
+                else:
+                    with self._stream:
+                        buf = cupy.empty(shape, dtype=var.dtype)
+                    outputs.append((var, buf))
                 with self._stream:
-                    buf = cupy.empty(shape, dtype=var.dtype)
-                outputs.append((var, buf))
-            with self._stream:
-                self._comm.bcast(buf.data.ptr, buf.size, _nccl_dtype(nccl, buf.dtype), root, self._stream.ptr)
-            keep.append(buf)
+                    self._comm.bcast(buf.data.ptr, buf.size, _nccl_dtype(nccl, buf.dtype), root,
+                                     self._stream.ptr)
+                keep.append(buf)
         self._finish(keep, outputs)
         self._raise(problems)
 
@@ -669,6 +707,12 @@ class GpuDevice:
                 outputs.append((var, joined))
         self._finish(keep, outputs)
         self._raise(problems)
+
+
+def _forget(own, key, ref):
+    """Weakref callback: drop ``own[key]`` if it still belongs to ``ref``'s value."""
+    if own.get(key, (None,))[0] is ref:
+        del own[key]
 
 
 def _is_array(value):

@@ -332,8 +332,8 @@ def test_jax_importer_takes_the_fast_path_and_keeps_values():
     for the stream still writing them, and leave that hand-off to its own
     untimed event: CuPy is asked for none (its event is timed)."""
     code = ("import cupy, jax, jax.numpy as jnp, numpy as np\n"
-            "from synkhronos._devices.gpu import _jax_importer\n"
-            "imp = _jax_importer()\n"
+            "from synkhronos._devices._dlpack import jax_importer\n"
+            "imp = jax_importer()\n"
             "assert imp.__name__ == 'fast', 'fell back to the public import'\n"
             "s = cupy.cuda.Stream(non_blocking=True)\n"
             "with s:\n"
@@ -364,9 +364,9 @@ def test_cupy_exporter_takes_the_direct_path_and_keeps_values():
     """The direct DLPack export must be in use on a supported JAX, and give a view
     of the same memory, read on the NCCL stream after XLA's write."""
     code = ("import cupy, jax.numpy as jnp\n"
-            "from synkhronos._devices.gpu import _cupy_exporter\n"
+            "from synkhronos._devices._dlpack import cupy_exporter\n"
             "s = cupy.cuda.Stream(non_blocking=True)\n"
-            "exp = _cupy_exporter(s)\n"
+            "exp = cupy_exporter(s)\n"
             "assert exp.__name__ == 'fast', 'fell back to cupy.from_dlpack'\n"
             "x = jnp.ones(1 << 24, dtype=jnp.float32) * 3\n"  # may still be being written
             "v = exp(x)\n"

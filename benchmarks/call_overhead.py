@@ -499,6 +499,9 @@ def main(argv=None):
                          "ok" if a["same_result"] else "DIFF"])
         print("\n(a) call overhead, tiny function (us per call, median of %d calls each; %d usable cores)"
               % (sessions[0]["a"]["calls_each"], cores))
+        if args.gpu:
+            print("float32 products: full float32 on both sides (fork's precision='highest' also sets "
+                  "the master's JAX, where the plain function runs)")
         print(table(["ranks", "plain", "synk", "synk p90", "added", "oversub", "<=150us @2",
                      "plain cold", "synk cold", "result"], rows))
         print("cold = the same call right after a %.0f us sleep (caches and predictors of an idle core "

@@ -288,6 +288,7 @@ def main(argv=None):
                          "%.0f" % rec["raw_busbw"], "%.0f" % rec["synk_busbw"], "%.3f" % rec["ratio"],
                          "%.3f" % rec["raw_synced_ms"], "%.3f" % rec["synk_synced_ms"],
                          "%.2f" % rec["ratio_synced"], target])
+    print("\nprecision: not applicable (collectives move and add float32 values; no products)")
     print("\nCollectives on %d GPUs (busbw in GB/s).  Back to back: ms per call over %d calls "
           "with one synchronisation at the end.  Synced: median of calls each followed by a "
           "synchronisation (synk.synchronize() for synk, a stream sync for raw)." % (n, args.iters))

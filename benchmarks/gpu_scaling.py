@@ -6,6 +6,9 @@ One step is ``f(x, y, batch=...)`` (each rank computes the gradient of its rows 
 one flat shared vector) followed by ``synk.all_reduce`` of that vector over NCCL;
 the single-GPU reference computes the same gradient over the whole batch.
 Throughput is rows per second; speedup is against the plain single-GPU function.
+Both sides compute float32 products at ``--precision`` (``highest``: full float32,
+``synk.fork(precision='highest')`` and JAX's ``highest`` matmul precision for the
+plain function; ``tf32``: TensorFloat-32 on both).
 Target: speedup >= 0.97 x n at n = 2.  Each n runs in its own process.
 """
 
@@ -47,7 +50,13 @@ def child(args):
 
     n = args.child_n
     if n:
-        synk.fork(n, use_gpu=True)
+        synk.fork(n, use_gpu=True, precision=args.precision)
+    else:
+        import jax
+
+        from synkhronos._devices.gpu import PRECISIONS
+
+        jax.config.update("jax_default_matmul_precision", PRECISIONS[args.precision])
     pytensor.config.floatX = "float32"
     rng = np.random.default_rng(0)
     sizes = [int(s) for s in args.layers.split(",")]
@@ -94,6 +103,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--max-n", type=int, default=None, help="largest number of GPUs (default: all)")
     p.add_argument("--quick", action="store_true", help="small model and batch")
+    p.add_argument("--precision", choices=("highest", "tf32"), default="highest",
+                   help="float32 products on both sides: full float32 or TF32")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/gpu_scaling.json)")
     p.add_argument("--_child", dest="child_n", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -109,13 +120,11 @@ def main(argv=None):
     info = machine_info()
     info["gpus"] = gpus
     print_machine(info)
-    env = dict(os.environ, JAX_DEFAULT_MATMUL_PRECISION=os.environ.get("JAX_DEFAULT_MATMUL_PRECISION",
-                                                                          "highest"))
     results = {}
     base = [sys.executable, os.path.abspath(__file__), "--layers", args.layers, "--batch", str(args.batch),
-            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--precision", args.precision]
     for n in [0] + counts:
-        out = subprocess.run(base + ["--_child", str(n)], capture_output=True, text=True, env=env)
+        out = subprocess.run(base + ["--_child", str(n)], capture_output=True, text=True)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if out.returncode or not line:
             raise SystemExit("run with n=%d failed:\n%s\n%s" % (n, out.stdout[-2000:], out.stderr[-4000:]))
@@ -133,9 +142,12 @@ def main(argv=None):
                      "%.3f" % rec["efficiency"], target if n == 2 else ""])
     print("\nMLP %s, batch %d, %d params; plain JAX on 1 GPU: %.2f ms/step (%.0f rows/s)"
           % (args.layers, args.batch, results[0]["params"], plain * 1e3, args.batch / plain))
+    print("float32 products: synk precision=%r, plain JAX precision=%r"
+          % (args.precision, args.precision))
     print(table(["GPUs", "ms/step", "rows/s", "speedup", "efficiency", ">=0.97n @2"], rows))
     write_json(args.out or default_out(__file__),
-               {"machine": info, "layers": args.layers, "batch": args.batch, "plain_step_ms": plain * 1e3,
+               {"machine": info, "layers": args.layers, "batch": args.batch, "precision": args.precision,
+                "plain_step_ms": plain * 1e3,
                 "results": records})
 
 

@@ -6,8 +6,10 @@ norm on batch statistics) with ``extensions.train.make_train_step`` (momentum SG
 one flat-gradient all-reduce per step); the images live on the GPUs in sliceable
 shared variables (the demo's gpu_data pattern).  PyTorch trains
 ``torchvision.models.resnet50`` with DDP (one process per GPU, NCCL), random images
-already on the GPU.  Both: fp32 parameters and data, each library's default
-convolution precision (TF32 on Hopper for both), ``--batch-size`` images per GPU,
+already on the GPU.  Both: fp32 parameters and data, the same ``--precision`` for
+matrix products and convolutions (``highest``: full float32 on both sides, i.e.
+``synk.fork(precision='highest')`` and PyTorch with TF32 off for cuBLAS and cuDNN;
+``tf32``: TensorFloat-32 on both sides), ``--batch-size`` images per GPU,
 momentum SGD (learning rate 0.01), and the loss fetched to the host every step.
 Each setting runs in its own processes; images/s is the median over the timed
 steps.
@@ -39,7 +41,7 @@ def synk_child(args, n):
     import synkhronos as synk
     from synkhronos.extensions import nnet, train, updates
 
-    synk.fork(n, use_gpu=True)
+    synk.fork(n, use_gpu=True, precision=args.precision)
     fx = pytensor.config.floatX
     rng = np.random.default_rng(0)
     blocks = [int(b) for b in args.blocks.split(",")]
@@ -81,6 +83,9 @@ def _ddp_rank(rank, n, port, args, queue):
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
+    tf32 = args.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32  # PyTorch's default: False
+    torch.backends.cudnn.allow_tf32 = tf32  # PyTorch's default: True
     model = torchvision.models.resnet50(num_classes=args.classes).cuda()
     if n > 1:
         torch.distributed.init_process_group("nccl", rank=rank, world_size=n)
@@ -147,6 +152,8 @@ def main(argv=None):
     p.add_argument("--blocks", default="3,4,6,3", help="bottleneck blocks per stage (ResNet-50: 3,4,6,3)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--precision", choices=("highest", "tf32"), default="highest",
+                   help="float32 products and convolutions on both sides: full float32 or TF32")
     p.add_argument("--skip-ddp", action="store_true", help="Synkhronos only")
     p.add_argument("--timeout", type=int, default=900, help="seconds per setting")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
@@ -188,8 +195,11 @@ def main(argv=None):
         rows.append([n] + ["-" if v is None else fmt % v for v, fmt in
                            ((s, "%.0f"), (eff, "%.3f"), (d, "%.0f"), (d_eff, "%.3f"),
                             (None if s is None or not d else s / d, "%.2f"))])
-    print("\nResNet (blocks %s), fp32, batch %d per GPU, %d px: images/s (median of %d steps)"
+    label = {"highest": "full fp32", "tf32": "TF32"}[args.precision]
+    print("\nResNet (blocks %s), fp32 values, batch %d per GPU, %d px: images/s (median of %d steps)"
           % (args.blocks, args.batch_size, args.image_size, args.steps))
+    print("precision of products and convolutions: synk %s (fork(precision=%r)); PyTorch %s "
+          "(allow_tf32=%s for cuBLAS and cuDNN)" % (label, args.precision, label, args.precision == "tf32"))
     print(table(["GPUs", "synk img/s", "synk efficiency", "DDP img/s", "DDP efficiency", "synk/DDP"], rows))
     print("targets: synk efficiency >= 0.97 at 2 GPUs; synk/DDP >= 0.9 on 1 GPU")
     write_json(args.out or default_out(__file__), {"machine": info, "args": vars(args), "results": records})

@@ -17,7 +17,7 @@ import synkhronos as synk
 
 
 def check(result, expected):
-    assert np.allclose(result, expected, rtol=1e-4, atol=1e-5), (result, expected)
+    assert np.allclose(result, expected), (result, expected)
 
 
 def main():

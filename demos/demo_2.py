@@ -37,7 +37,7 @@ def main():
     synk.distribute()
 
     def check(x_d, y_d):  # the workers see the current values of the Data
-        assert np.allclose(f(x_d, y_d), f_pt(x_d.data, y_d.data), rtol=1e-4, atol=1e-4)
+        assert np.allclose(f(x_d, y_d), f_pt(x_d.data, y_d.data))
 
     rng = np.random.default_rng(0)
     x_dat = rng.standard_normal((4 * n, 3)).astype(floatX)

@@ -1,7 +1,6 @@
 """Starting and stopping Synkhronos: ``fork``, ``distribute``, ``close``."""
 
 import numbers
-import sys
 import time
 
 from . import _runtime
@@ -30,20 +29,11 @@ def _default_float32():
               "e.g. PYTENSOR_FLAGS=floatX=float64, to keep another)", flush=True)
 
 
-def _sync_jax_precision():
-    """PyTensor sets JAX's 64-bit mode from floatX when its JAX dispatch is first
-    imported.  If that happened before floatX was settled (e.g. an extension module
-    registering JAX implementations was imported before ``fork``), apply the rule
-    again now."""
-    if "pytensor.link.jax.dispatch.basic" in sys.modules:
-        import jax
-        import pytensor
-
-        jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
+_PRECISIONS = ("highest", "tf32")
 
 
 def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
-         max_n_var=1000, max_dim=16):
+         max_n_var=1000, max_dim=16, precision="highest"):
     """Start the worker processes.  Call before building Synkhronos functions.
 
     Parameters
@@ -60,12 +50,22 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         Record a cProfile of each worker, written to the temp directory on close.
     max_n_var, max_dim : int, optional
         Accepted for compatibility; nothing here needs fixed sizes.
+    precision : {'highest', 'tf32'}, optional
+        How GPU ranks compute float32 matrix products and convolutions:
+        ``'highest'`` (default) in full float32, so results match PyTensor on
+        the CPU to float32 accuracy; ``'tf32'`` in TensorFloat-32 (a 10-bit
+        mantissa, ~1e-3 relative error), faster on Ampere and later GPUs.  CPU
+        workers always compute in full float32.
 
     Notes
     -----
     If PyTensor's ``floatX`` was not chosen by the user (flag or config file),
     ``fork`` sets it to ``'float32'``, the setting the original Theano examples
     assume and the fast one on GPUs.
+
+    On GPU ranks JAX follows PyTensor's rule: with ``floatX`` float32 it keeps
+    int64 and float64 values in 32 bits on the device; function outputs are
+    returned in the dtypes of the graph, as on CPU workers.
 
     Returns
     -------
@@ -85,7 +85,9 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         raise TypeError("use_gpu must be None, True or False, got %r" % (use_gpu,))
     _check_int(max_n_var, "max_n_var", 1)
     _check_int(max_dim, "max_dim", 1)
-    device = _runtime.default_device(use_gpu)
+    if not isinstance(precision, str) or precision not in _PRECISIONS:
+        raise ValueError("precision must be 'highest' (full float32) or 'tf32', got %r" % (precision,))
+    device = _runtime.default_device(use_gpu, precision)
     available = device.available()
     n = available if n_parallel is None else _check_int(n_parallel, "n_parallel", 1)
     master_rank = _check_int(master_rank, "master_rank", 0)
@@ -95,11 +97,12 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         raise ValueError("n_parallel=%d but only %d GPUs are visible" % (n, available))
     device.setup_master(master_rank)
     _default_float32()
-    _sync_jax_precision()
+    device.configure_jax()
     print("Synkhronos attempting to use %d of %d detected %s..." % (n, available, device.label), flush=True)
     _runtime.start(n, master_rank, device, bool(profile_workers))
-    print("Synkhronos: %d %s initialized, master rank: %d"
-          % (n, "CPU workers" if device.name == "cpu" else "GPUs", master_rank), flush=True)
+    print("Synkhronos: %d %s initialized, master rank: %d%s"
+          % (n, "CPU workers" if device.name == "cpu" else "GPUs", master_rank,
+             ", " + device.status if device.status else ""), flush=True)
     return n
 
 

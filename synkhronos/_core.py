@@ -25,7 +25,7 @@ from ._plan import (
 )
 from ._reduce import Accumulator
 
-__all__ = ["FunctionCore", "dumps_cores", "reseed_generators"]
+__all__ = ["FunctionCore", "compile_function", "dumps_cores", "is_jax_mode", "reseed_generators"]
 
 
 class FunctionCore:
@@ -64,8 +64,9 @@ class FunctionCore:
         self.sliceable = sliceable
         self.kwargs = kwargs
         self.in_dtypes = [np.dtype(v.dtype) for v in inputs]
+        self.out_dtypes = [np.dtype(v.dtype) for v in outputs]
         # JAX needs static slice bounds: select rows of sliceable shareds by index there.
-        self.index_only = _is_jax_mode(kwargs.get("mode"))
+        self.index_only = is_jax_mode(kwargs.get("mode"))
         self.full_subset = tuple(range(len(outputs)))
         self._variants = {(self.full_subset, False, None): plain}
 
@@ -93,7 +94,6 @@ class FunctionCore:
         return fn
 
     def _compile(self, subset, accumulate, share_kind):
-        import pytensor
         import pytensor.tensor as pt
 
         ins = list(self.inputs)
@@ -111,9 +111,11 @@ class FunctionCore:
         if accumulate:
             outs += [u for _, u in updates]
             updates = []
+        if self.index_only:
+            from . import _jax_shapes  # noqa: F401  (registers the rewrite the mode names)
         kwargs = dict(self.kwargs)
         kwargs.setdefault("on_unused_input", "ignore")
-        return pytensor.function(ins, outs, updates=updates, givens=givens, **kwargs)
+        return compile_function(ins, outs, updates=updates, givens=givens, **kwargs)
 
     def prepare(self, subset, num_slices, share_sel):
         """Compile the variant a call with these arguments will most likely use."""
@@ -275,7 +277,20 @@ class FunctionCore:
         return [_combine_slices(acc) for acc in out_accs]
 
 
-def _is_jax_mode(mode):
+def compile_function(inputs, outputs, **kwargs):
+    """``pytensor.function(inputs, outputs, **kwargs)``, without the JAX backend's
+    warning that a function uses a copy of each random generator: Synkhronos
+    reseeds those copies per rank (``reseed_generators``), and the README says
+    that the shared generator itself does not advance."""
+    import pytensor
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The RandomType SharedVariables", category=UserWarning)
+        return pytensor.function(inputs, outputs, **kwargs)
+
+
+def is_jax_mode(mode):
+    """Whether ``mode`` (a name, a Mode or None) links with PyTensor's JAX linker."""
     if mode is None:
         return False
     if isinstance(mode, str):
@@ -357,8 +372,8 @@ def _load_function(maker, input_storage, inputs_data, trust_input=False):
     """Link a pickled PyTensor function again, as PyTensor's own loader does, but
     without its check that every input still holds the pickled value: the JAX
     backend replaces a generator input by a fresh copy in JAX's form (a dict of
-    arrays), and comparing dicts of arrays raises.  The backend's warning about
-    that copy was already shown when the function was compiled."""
+    arrays), and comparing dicts of arrays raises.  (See ``compile_function``
+    for the backend's warning about that copy.)"""
     del inputs_data
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The RandomType SharedVariables", category=UserWarning)

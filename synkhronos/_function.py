@@ -5,7 +5,7 @@ import numbers
 import numpy as np
 
 from . import _runtime
-from ._core import FunctionCore
+from ._core import FunctionCore, compile_function, is_jax_mode
 from ._data import Data, data
 from ._exchange import receive
 from ._plan import (
@@ -143,7 +143,6 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         function does not use.
     """
     rt = _runtime.require(distributed=False)
-    import pytensor
     from pytensor.graph.traversal import ancestors
 
     scat = _as_var_list(inputs, "inputs")
@@ -166,14 +165,30 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         if s.ndim == 0:
             raise TypeError("sliceable shared variable %r is 0-d and cannot be sliced" % (s,))
     kwargs = rt.device.function_kwargs(kwargs)
-    plain = pytensor.function(scat + bcast, list(out_vars), updates=update_pairs,
-                              givens=given_pairs, **kwargs)
+    if is_jax_mode(kwargs.get("mode")):
+        from ._jax_shapes import jax_mode
+
+        kwargs["mode"] = jax_mode(kwargs["mode"])  # shapes computed from shapes stay concrete
+    plain = compile_function(scat + bcast, list(out_vars), updates=update_pairs,
+                             givens=given_pairs, **kwargs)
     core = FunctionCore(len(rt.functions), plain, scat + bcast, len(scat), out_vars, out_modes,
                         update_pairs, update_modes, given_pairs, sliceable, kwargs)
     fn = Function(core, single, rt)
     rt.functions.append(fn)
     rt.register_shareds(plain.get_shared())
     return fn
+
+
+def _in_graph_dtypes(results, dtypes):
+    """``results`` in the dtypes the graph gives its outputs: JAX in 32-bit mode
+    (GPU ranks with floatX float32) returns int64 outputs as int32."""
+    out = []
+    for r, dtype in zip(results, dtypes):
+        if isinstance(r, list):  # reduce mode None: one result per rank
+            out.append([v if v.dtype == dtype else v.astype(dtype) for v in r])
+        else:
+            out.append(r if r.dtype == dtype else np.asarray(r).astype(dtype))
+    return out
 
 
 def _is_int(x):
@@ -435,6 +450,7 @@ class Function:
             for r, (weight, tokens) in replies.items():
                 per_rank[r] = (weight, None if tokens is None else receive(tokens, rt.cache))
             results = self._reduce(per_rank, subset)
+        results = _in_graph_dtypes(results, [core.out_dtypes[i] for i in subset])
         if output_subset is None and self._single:
             return results[0]
         return results

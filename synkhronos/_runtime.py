@@ -456,18 +456,19 @@ class Runtime:
         _shmem.unlink_session(self.token)
 
 
-def default_device(use_gpu):
-    """The device layer for ``use_gpu`` (None: GPUs if present, else CPU)."""
+def default_device(use_gpu, precision="highest"):
+    """The device layer for ``use_gpu`` (None: GPUs if present, else CPU), with
+    float32 products at ``precision`` (see ``fork``)."""
     if use_gpu is False:
-        return cpu.CpuDevice()
+        return cpu.CpuDevice(precision)
     from ._devices import gpu
 
     stack = gpu.gpu_stack_available()
     ids = gpu.visible_gpus() if stack or use_gpu else []
     if stack and ids:
-        return gpu.GpuDevice(ids)
+        return gpu.GpuDevice(ids, precision)
     if use_gpu is None:
-        return cpu.CpuDevice()
+        return cpu.CpuDevice(precision)
     why = "no GPU was found" if not ids else "JAX and CuPy are not installed (pip install synkhronos[gpu])"
     raise RuntimeError("use_gpu=True but %s; use synkhronos.fork(use_gpu=False) for CPU workers" % why)
 

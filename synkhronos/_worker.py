@@ -71,6 +71,7 @@ def _distribute(state, payload):
     for name, value in flags.items():
         if str(getattr(pytensor.config, name)) != value:
             setattr(pytensor.config, name, value)
+    state.device.configure_jax()
     state.cores, state.shareds = pickle.loads(blob)
     reseed_generators(state.shareds, state.cores, state.rank)
     state.device.place_shareds(state.shareds)

@@ -6,6 +6,8 @@ anything is missing or wrong.  Stream order is kept on the GPU with untimed
 events, never by waiting on the host.
 """
 
+import warnings
+
 import numpy as np
 
 __all__ = ["untimed_event", "jax_importer", "cupy_exporter"]
@@ -47,7 +49,9 @@ def jax_importer():
 
         (device,) = jax.local_devices()
         stream = device.get_stream_for_external_ready_events()
-        ready = cupy.cuda.ExternalStream(stream)
+        with warnings.catch_warnings():  # CuPy 14 deprecates it for a protocol XLA's stream lacks
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ready = cupy.cuda.ExternalStream(stream)
         extra = (int(DLDeviceType.kDLCUDA),) if jaxlib_extension_version >= 467 else ()
 
         def fast(bufs):

@@ -1,6 +1,7 @@
 """CPU workers: one process per core group, BLAS threads split between them."""
 
 import os
+import sys
 
 import numpy as np
 
@@ -28,8 +29,26 @@ class CpuDevice:
     reduces_outputs = False  # function outputs are reduced in the master
     reduce_dtypes = ()
 
+    def __init__(self, precision="highest"):
+        self.precision = precision  # CPUs compute float32 in full float32 either way
+
+    status = ""  # nothing to add to fork()'s status line
+
     def available(self):
         return usable_cores()
+
+    @staticmethod
+    def configure_jax():
+        """Functions the user compiles with ``mode="JAX"`` follow PyTensor's rule
+        (64-bit mode when ``floatX`` is float64).  PyTensor applies it when its JAX
+        backend is first imported; if that happened before ``fork()`` settled
+        ``floatX`` (say, an extension registering JAX implementations was imported
+        first), apply it again now."""
+        if "pytensor.link.jax.dispatch.basic" in sys.modules:
+            import jax
+            import pytensor
+
+            jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
 
     def worker_env(self, rank, n_parallel):
         """Environment of worker ``rank``: its share of the BLAS threads,

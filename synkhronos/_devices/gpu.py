@@ -30,6 +30,11 @@ from ._dlpack import cupy_exporter, jax_importer, untimed_event
 __all__ = ["GpuDevice", "visible_gpus", "gpu_stack_available"]
 
 _JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+# fork(precision=...) -> JAX's default precision of float32 matrix products and
+# convolutions.  JAX's own default on Hopper is TensorFloat-32 (a 10-bit
+# mantissa): ``x.dot(y)`` then differs from the CPU by ~1e-3 relative.
+PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32"}
+_PRECISION_ENV = "JAX_DEFAULT_MATMUL_PRECISION"
 _SAVED_IDS = "SYNK_GPU_IDS"  # the GPUs the master could see before fork() narrowed it
 # NVLink multicast stays off: NCCL's NVLS can take a shared host's GPUs out of service.
 _NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
@@ -98,8 +103,12 @@ class GpuDevice:
     # (``reduce_outputs``, see ``reduces_outputs``) in these dtypes.
     reduce_dtypes = _NCCL_DTYPE_NAMES
 
-    def __init__(self, gpu_ids=None):
+    def __init__(self, gpu_ids=None, precision=None):
         self.gpu_ids = visible_gpus() if gpu_ids is None else list(gpu_ids)
+        if precision is None:  # a worker: the master's choice comes in the environment
+            jax_name = os.environ.get(_PRECISION_ENV, PRECISIONS["highest"])
+            precision = {v: k for k, v in PRECISIONS.items()}.get(jax_name, jax_name)
+        self.precision = precision
         self._comm = None
         self._stream = None
         self._inflight = collections.deque()  # (event, arrays the NCCL stream still uses, bytes)
@@ -124,10 +133,44 @@ class GpuDevice:
         return bool(self.n_parallel and self.n_parallel > 1)
 
     def _env(self, rank):
-        env = {"CUDA_VISIBLE_DEVICES": self.gpu_ids[rank]}
+        env = {"CUDA_VISIBLE_DEVICES": self.gpu_ids[rank],
+               _PRECISION_ENV: PRECISIONS[self.precision]}
         for k, v in list(_JAX_ENV.items()) + list(_NCCL_ENV.items()):
             env[k] = os.environ.get(k, v)
         return env
+
+    def configure_jax(self):
+        """Set JAX's numerics on this rank:
+
+        - float32 products at ``self.precision`` (see ``PRECISIONS``);
+        - 64-bit mode as PyTensor's JAX backend sets it (on when ``floatX`` is
+          float64), applied again in case that backend was imported before
+          ``fork()`` settled ``floatX``.  With float32, JAX keeps 64-bit values
+          in 32 bits on the device (PyTensor's float32 graphs need that: with
+          64-bit mode on, parts of its JAX backend compute float32 updates in
+          float64); function outputs still come back in the graph's dtypes;
+        - JAX's warnings that it keeps an int64 or float64 value in 32 bits are
+          not shown on this rank: PyTensor's backend asks for such values itself
+          (index arithmetic, float64 accumulators of float32 sums), and a user
+          cannot act on them.
+        """
+        import warnings
+
+        import jax
+        import pytensor
+        import pytensor.link.jax.dispatch  # noqa: F401
+
+        jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
+        jax.config.update("jax_default_matmul_precision", PRECISIONS[self.precision])
+        warnings.filterwarnings("ignore", message="Explicitly requested dtype (int64|float64|uint64) "
+                                "requested in .* is not available", category=UserWarning)
+
+    @property
+    def status(self):
+        """What the status line of ``fork()`` says about this device's numerics."""
+        if self.precision == "highest":
+            return "float32 matmul precision: highest (full float32)"
+        return "float32 matmul precision: tf32 (TensorFloat-32, ~1e-3 relative error)"
 
     def worker_env(self, rank, n_parallel):
         return self._env(rank)

@@ -366,15 +366,17 @@ def _register_jax():
     def _jax_conv2d(op, **kwargs):
         return conv(op)
 
+    # A cotangent may come in another dtype than the forward output (say float64
+    # from a float64 loss over float32 features); JAX's vjp needs the output's.
     @jax_funcify.register(Conv2dGradInput)
     def _jax_conv2d_grad_input(op, **kwargs):
         fwd = conv(op)
-        return lambda x, w, gy: jax.vjp(lambda xx: fwd(xx, w), x)[1](gy)[0]
+        return lambda x, w, gy: jax.vjp(lambda xx: fwd(xx, w), x)[1](gy.astype(jnp.result_type(x, w)))[0]
 
     @jax_funcify.register(Conv2dGradWeight)
     def _jax_conv2d_grad_weight(op, **kwargs):
         fwd = conv(op)
-        return lambda x, w, gy: jax.vjp(lambda ww: fwd(x, ww), w)[1](gy)[0]
+        return lambda x, w, gy: jax.vjp(lambda ww: fwd(x, ww), w)[1](gy.astype(jnp.result_type(x, w)))[0]
 
     @jax_funcify.register(Pool2d)
     def _jax_pool2d(op, **kwargs):
@@ -383,7 +385,7 @@ def _register_jax():
     @jax_funcify.register(Pool2dGrad)
     def _jax_pool2d_grad(op, **kwargs):
         fwd = pool(op)
-        return lambda x, gy: jax.vjp(fwd, x)[1](gy)[0]
+        return lambda x, gy: jax.vjp(fwd, x)[1](gy.astype(x.dtype))[0]
 
 
 if find_spec("jax") is not None:

@@ -50,7 +50,7 @@ class TrainStep:
 
 
 def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, sliceable_shareds=None,
-                    **rule_kwargs):
+                    function_kwargs=None, **rule_kwargs):
     """Build a data-parallel training step.  Call before ``synkhronos.distribute()``.
 
     Parameters
@@ -68,6 +68,8 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
         Data held in shared variables on each rank (scattered once), selected
         with ``batch_s=`` when the step is called.  The first one gives the row
         count when ``inputs`` is empty.
+    function_kwargs : dict, optional
+        Passed to both ``synkhronos.function`` calls (``mode=...``).
     **rule_kwargs
         Passed to ``rule`` (``learning_rate=...``).
 
@@ -85,6 +87,7 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
     if not inputs and not sliceable:
         raise TypeError("make_train_step needs a scattered input or a sliceable shared variable, "
                         "got inputs=%r" % (inputs,))
+    kwargs = dict(function_kwargs or {})
     fx = pytensor.config.floatX
     stats = pytensor.shared(np.zeros(2, dtype=fx), name="step_stats", shape=(2,))
     # At least 1: a step that selected no rows must not write NaN into the parameters.
@@ -95,9 +98,10 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
     summed = _updates.flat_gradient(loss, params) * rows
     grad_fn = _function.function(inputs, bcast_inputs=bcast_inputs, sliceable_shareds=sliceable or None,
                                  updates=[(grad_shared, summed, "sum"),
-                                          (stats, pt.stack([pt.cast(loss, fx) * rows, rows]), "sum")])
+                                          (stats, pt.stack([pt.cast(loss, fx) * rows, rows]), "sum")],
+                                 **kwargs)
     # The update also clears what the gradient function wrote: a rank that gets no rows
     # in the next step skips that function, and must add zeros, not this step's sums.
     clear = [(grad_shared, pt.zeros_like(grad_shared)), (stats, pt.zeros_like(stats))]
-    update_fn = _function.function([], updates=list(param_updates) + clear)
+    update_fn = _function.function([], updates=list(param_updates) + clear, **kwargs)
     return TrainStep(grad_fn, update_fn, grad_shared, stats)

@@ -1,13 +1,13 @@
 """GPU tests: marked ``gpu`` and skipped unless two GPUs, JAX and CuPy are there.
 
-They reuse the CPU suites' tests with GPU ranks.  JAX computes float32 matrix
-products at full precision here, so results compare with PyTensor on the CPU.
+They reuse the CPU suites' tests with GPU ranks.  ``fork()``'s default precision
+computes float32 matrix products in full float32, so results compare with
+PyTensor on the CPU at float32 tolerances.
 """
 
 import os
 import sys
 
-os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402

@@ -445,7 +445,7 @@ def test_queued_collectives_record_events_without_timing(gpu2):
         cupy.cuda.get_elapsed_time(event, event)
 
 
-@pytest.mark.filterwarnings("ignore:The RandomType SharedVariables:UserWarning")
+@pytest.mark.filterwarnings("error:The RandomType SharedVariables:UserWarning")
 def test_dropout_draws_per_rank_on_gpu():
     """JAX functions drawing random numbers load in the GPU workers, and each rank
     draws from its own stream, as plain PyTensor does on that rank's generator."""

@@ -1,5 +1,7 @@
 """conv2d / pooling under JAX on GPU ranks: a CNN gradient on 2 GPUs equals PyTensor
-on the CPU (numpy implementation) on the same rows."""
+on the CPU (numpy implementation) on the same rows; then the CPU suite's check of
+the JAX implementation against numpy, on one GPU (after the fork above, JAX runs
+on the master's GPU only)."""
 
 import numpy as np
 import pytensor
@@ -27,3 +29,6 @@ def test_cnn_gradient_on_two_gpus():
                 np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-5)
     finally:
         synk.close()
+
+
+from test_nnet import test_jax_implementation_matches_numpy  # noqa: E402,F401  (runs after the fork)

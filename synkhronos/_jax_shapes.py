@@ -11,10 +11,9 @@ which needs no such shape, compiled.
 
 The rewrite here wraps every node that computes only from shapes and constants
 (scalar ops and ``Elemwise``, casts between scalars and tensors, ``MakeVector``,
-``ARange``) in
-``ConcreteShapeOp``, whose JAX implementation runs the node's own ``perform``
-with numpy while the inputs are concrete, and falls back to the traced
-implementation otherwise.  JAX then specialises each shape as usual: one trace
+``ARange``) in ``ConcreteShapeOp``, whose JAX implementation runs the node's own
+``perform`` with numpy while the inputs are concrete, and falls back to the
+traced implementation otherwise.  JAX then specialises each shape as usual: one trace
 per input shape, cached by ``jax.jit``; PyTensor compiles the function once.
 
 Checks whose conditions come from shapes alone (PyTensor asserts that inputs of

@@ -28,11 +28,10 @@ class CpuDevice:
     queued = False  # a call's work is done when its reply comes
     reduces_outputs = False  # function outputs are reduced in the master
     reduce_dtypes = ()
+    status = ""  # nothing to add to fork()'s status line
 
     def __init__(self, precision="highest"):
         self.precision = precision  # CPUs compute float32 in full float32 either way
-
-    status = ""  # nothing to add to fork()'s status line
 
     def available(self):
         return usable_cores()

@@ -449,8 +449,7 @@ class Function:
             per_rank = {m: mine}
             for r, (weight, tokens) in replies.items():
                 per_rank[r] = (weight, None if tokens is None else receive(tokens, rt.cache))
-            results = self._reduce(per_rank, subset)
-        results = _in_graph_dtypes(results, [core.out_dtypes[i] for i in subset])
+            results = _in_graph_dtypes(self._reduce(per_rank, subset), [core.out_dtypes[i] for i in subset])
         if output_subset is None and self._single:
             return results[0]
         return results

@@ -99,9 +99,9 @@ def test_shape_arithmetic_matches_cpu_linker():
 
 
 def test_rewrite_leaves_data_alone():
+    """Only values computed from shapes are wrapped: arithmetic on data stays JAX's."""
     from pytensor.tensor.shape import Shape_i
 
-    """Only values computed from shapes are wrapped: arithmetic on data stays JAX's."""
     from synkhronos._jax_shapes import ConcreteShapeOp, jax_mode
 
     x = pt.vector("x", dtype="float32")

@@ -25,7 +25,7 @@ from ._collectives import (
 )
 from ._data import Data, data
 from ._function import Function, function
-from .exceptions import WorkerError
+from .exceptions import StallError, WorkerError
 
 __version__ = "0.2.0"
 
@@ -49,4 +49,5 @@ __all__ = [
     "get_lengths",
     "get_shapes",
     "WorkerError",
+    "StallError",
 ]

@@ -1,5 +1,6 @@
 """Starting and stopping Synkhronos: ``fork``, ``distribute``, ``close``."""
 
+import math
 import numbers
 import time
 
@@ -30,10 +31,22 @@ def _default_float32():
 
 
 _PRECISIONS = ("highest", "tf32")
+DEFAULT_TIMEOUT = 300.0
+
+
+def _check_timeout(timeout):
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError("timeout must be a number of seconds or None, got %r" % (timeout,))
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError("timeout must be a positive, finite number of seconds or None (no limit), "
+                         "got %r" % (timeout,))
+    return float(timeout)
 
 
 def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
-         max_n_var=1000, max_dim=16, precision="highest"):
+         max_n_var=1000, max_dim=16, precision="highest", timeout=DEFAULT_TIMEOUT):
     """Start the worker processes.  Call before building Synkhronos functions.
 
     Parameters
@@ -56,6 +69,13 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         the CPU to float32 accuracy; ``'tf32'`` in TensorFloat-32 (a 10-bit
         mantissa, ~1e-3 relative error), faster on Ampere and later GPUs.  CPU
         workers always compute in full float32.
+    timeout : float or None, optional
+        Seconds a worker may take to answer any request (a call, a collective,
+        ``distribute()``, ...) before the master gives up on it (default 300).
+        Then the master raises ``StallError`` naming the silent ranks, what
+        they were asked to do and each one's Python stack, and closes the
+        session.  Work that finishes within the timeout is never interrupted.
+        None: wait forever.
 
     Notes
     -----
@@ -81,10 +101,13 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     """
     if _runtime.current() is not None:
         raise RuntimeError("Synkhronos is already forked: call synkhronos.close() before forking again")
-    if use_gpu not in (None, True, False):
+    if use_gpu is not None and not isinstance(use_gpu, bool):
         raise TypeError("use_gpu must be None, True or False, got %r" % (use_gpu,))
+    if not isinstance(profile_workers, bool):
+        raise TypeError("profile_workers must be True or False, got %r" % (profile_workers,))
     _check_int(max_n_var, "max_n_var", 1)
     _check_int(max_dim, "max_dim", 1)
+    timeout = _check_timeout(timeout)
     if not isinstance(precision, str) or precision not in _PRECISIONS:
         raise ValueError("precision must be 'highest' (full float32) or 'tf32', got %r" % (precision,))
     device = _runtime.default_device(use_gpu, precision)
@@ -99,13 +122,14 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     _default_float32()
     device.configure_jax()
     print("Synkhronos attempting to use %d of %d detected %s..." % (n, available, device.label), flush=True)
-    _runtime.start(n, master_rank, device, bool(profile_workers))
+    _runtime.start(n, master_rank, device, bool(profile_workers), timeout)
     print("Synkhronos: %d %s initialized, master rank: %d%s"
           % (n, "CPU workers" if device.name == "cpu" else "GPUs", master_rank,
              ", " + device.status if device.status else ""), flush=True)
     return n
 
 
+@_runtime.action("distribute()")
 def distribute():
     """Replicate all Synkhronos functions, and their shared variables, in the
     workers.  Call once, after building the last function and before calling any.
@@ -117,6 +141,10 @@ def distribute():
     ------
     RuntimeError
         If not forked, or already distributed.
+    WorkerError
+        If a worker could not load the functions (say, a custom Op whose
+        module it cannot import).  The session is closed then, since its ranks
+        no longer hold the same functions.
     """
     rt = _runtime.require(distributed=False)
     print("Synkhronos distributing functions...", flush=True)
@@ -131,6 +159,7 @@ def close():
     _runtime.shutdown()
 
 
+@_runtime.action("synchronize()")
 def synchronize():
     """Wait until every rank has finished all the work queued on its device.
 

@@ -24,6 +24,7 @@ from . import _runtime
 from ._data import Data
 from ._exchange import receive
 from ._plan import (
+    brief,
     check_selection_fits,
     normalize_batch,
     selection_length,
@@ -86,14 +87,27 @@ def _values_for(values, variables, argname="values"):
                 raise ValueError("%s: Data %r holds no memory" % (argname, v))
             out.append(v)
             continue
-        arr = np.asarray(v)
-        if arr.dtype != var.dtype:
-            arr = np.asarray(var.type.filter(v))  # PyTensor's own casting rules
+        try:
+            arr = np.asarray(v)
+            if arr.dtype != var.dtype:
+                arr = np.asarray(var.type.filter(v))  # PyTensor's own casting rules
+        except (TypeError, ValueError) as exc:
+            raise TypeError("%s: %s does not fit %s (dtype %s): %s"
+                            % (argname, brief(v), var, var.dtype, exc)) from None
         if arr.ndim != var.ndim:
             raise TypeError("%s: value of ndim %d does not fit %s (ndim %d)"
                             % (argname, arr.ndim, var, var.ndim))
         out.append(arr)
     return out
+
+
+def _check_static(var, shape, argname="values"):
+    """Raise TypeError (before any rank changes) if a value of ``shape`` does not
+    fit the static shape of ``var``'s type (``pytensor.shared(..., shape=...)``)."""
+    static = getattr(var.type, "shape", None) or ()
+    if any(d is not None and d != n for d, n in zip(static, shape)):
+        raise TypeError("%s: a value of shape %s does not fit %s, whose shape is fixed to %s"
+                        % (argname, tuple(shape), var, tuple("?" if d is None else d for d in static)))
 
 
 def _token(rt, value):
@@ -139,9 +153,10 @@ def _gather_arrays(rt, ids, ranks=None):
     return out
 
 
-def _set_all(rt, variables, ids, values, rows=None, ranks=None):
+def _set_all(rt, variables, ids, values, rows=None, ranks=None, argname="values"):
     """Set shared variables on ``ranks`` (default all) to ``values``, taking
-    ``rows[rank][k]`` (a selection or None) of value k on each rank."""
+    ``rows[rank][k]`` (a selection or None) of value k on each rank.  Values that
+    do not fit a variable's static shape raise TypeError naming ``argname``."""
     m = rt.master_rank
     ranks = list(range(rt.n_parallel)) if ranks is None else ranks
     tokens = [_token(rt, v) for v in values] if any(r != m for r in ranks) else None
@@ -149,6 +164,10 @@ def _set_all(rt, variables, ids, values, rows=None, ranks=None):
     def rows_of(rank):
         return [None] * len(ids) if rows is None else rows[rank]
 
+    for r in ranks:
+        for var, v, sel in zip(variables, values, rows_of(r)):
+            shape = _array(v).shape
+            _check_static(var, shape if sel is None else (selection_length(sel),) + shape[1:], argname)
     payloads = {r: [(i, t, s) for i, t, s in zip(ids, tokens, rows_of(r))] for r in ranks if r != m}
     for i in ids:
         rt.shapes.pop(i, None)
@@ -211,6 +230,7 @@ def _uniform_shapes(rt, variables, ids):
     return [per_rank[0] for per_rank in table]
 
 
+@_runtime.action("broadcast")
 def broadcast(shared_vars, values=None, nccl=True):
     """Give every rank the same value of each shared variable.
 
@@ -227,7 +247,10 @@ def broadcast(shared_vars, values=None, nccl=True):
     variables, ids, _ = _targets(rt, shared_vars)
     if use_nccl:
         if values is not None:
-            for var, v in zip(variables, _values_for(values, variables)):
+            values = _values_for(values, variables)
+            for var, v in zip(variables, values):
+                _check_static(var, _array(v).shape)
+            for var, v in zip(variables, values):
                 rt.device.set_value(var, _array(v))
         shapes = [rt.device.shape(v) for v in variables]
         _device_collective(rt, "broadcast", ids, (rt.master_rank, shapes))
@@ -243,6 +266,7 @@ def broadcast(shared_vars, values=None, nccl=True):
     _set_all(rt, variables, ids, values, ranks=ranks)
 
 
+@_runtime.action("scatter")
 def scatter(shared_vars, values, batch=None):
     """Split each value along axis 0 as evenly as possible and give rank r the
     r-th part (the first ``length % n`` ranks get one extra row).
@@ -270,6 +294,7 @@ def scatter(shared_vars, values, batch=None):
     _set_all(rt, variables, ids, values, rows=rows)
 
 
+@_runtime.action("gather")
 def gather(shared_vars, nd_up=1, nccl=True):
     """Collect each shared variable's values from all ranks into the master.
 
@@ -321,6 +346,7 @@ def _join(values, nd_up, var, hint=""):
     return np.concatenate(values)
 
 
+@_runtime.action("all_gather")
 def all_gather(shared_vars, nccl=True):
     """Every rank's variable becomes the concatenation (along axis 0) of all
     ranks' values, in rank order.  ndim is unchanged."""
@@ -338,7 +364,7 @@ def all_gather(shared_vars, nccl=True):
         return
     arrays = _gather_arrays(rt, ids)
     joined = [_join([arrays[r][k] for r in range(rt.n_parallel)], 0, var) for k, var in enumerate(variables)]
-    _set_all(rt, variables, ids, joined)
+    _set_all(rt, variables, ids, joined, argname="all_gather")
 
 
 def _reduced(rt, shared_vars, op):
@@ -353,6 +379,7 @@ def _reduced(rt, shared_vars, op):
     return variables, ids, single, results
 
 
+@_runtime.action("reduce")
 def reduce(shared_vars, op="avg", in_place=True, nccl=True):
     """Reduce each shared variable's values from all ranks into the master.
 
@@ -386,6 +413,7 @@ def reduce(shared_vars, op="avg", in_place=True, nccl=True):
     return None
 
 
+@_runtime.action("all_reduce")
 def all_reduce(shared_vars, op="avg", nccl=True):
     """Reduce each shared variable over all ranks and leave the result on every
     rank.  ``op`` as in ``reduce``."""
@@ -399,6 +427,7 @@ def all_reduce(shared_vars, op="avg", nccl=True):
     _set_all(rt, variables, ids, results)
 
 
+@_runtime.action("set_value")
 def set_value(rank, shared_vars, values, batch=None):
     """Set shared variable value(s) on one rank.
 
@@ -426,6 +455,7 @@ def set_value(rank, shared_vars, values, batch=None):
     _set_all(rt, variables, ids, values, rows=rows, ranks=[rank])
 
 
+@_runtime.action("get_value")
 def get_value(rank, shared_vars):
     """Value(s) of shared variable(s) on one rank, as numpy arrays (copies)."""
     rt = _runtime.require(distributed=True)
@@ -435,6 +465,7 @@ def get_value(rank, shared_vars):
     return _result([np.array(a) for a in arrays], single)
 
 
+@_runtime.action("get_shapes")
 def get_shapes(shared_vars):
     """Shapes of shared variable(s) on every rank: a list (one shape per rank),
     or a list of such lists for a list of variables."""
@@ -444,6 +475,7 @@ def get_shapes(shared_vars):
     return per_var[0] if single else per_var
 
 
+@_runtime.action("get_lengths")
 def get_lengths(shared_vars):
     """Lengths (axis 0) of shared variable(s) on every rank, like ``get_shapes``."""
     shapes = get_shapes(shared_vars)

@@ -204,7 +204,7 @@ class FunctionCore:
                 )
             return lengths[0]
         for s, n in zip(self.sliceable, lengths):
-            check_selection_fits(share_sel, n, "sliceable shared variable %s" % s)
+            check_selection_fits(share_sel, n, "sliceable shared variable %s" % s, "batch_s")
         return selection_length(share_sel)
 
     def run_local(self, device, scattered, bcast, share_sel, subset, num_slices):

@@ -5,6 +5,7 @@ import numbers
 import numpy as np
 
 from . import _runtime
+from ._plan import brief
 from ._protocol import Command
 from ._shmem import Segment, array_ref, segment_name
 
@@ -15,6 +16,29 @@ def _check_oversize(oversize):
     if isinstance(oversize, bool) or not isinstance(oversize, numbers.Real) or not 1 <= oversize <= 2:
         raise ValueError("oversize must be a number in [1, 2], got %r" % (oversize,))
     return float(oversize)
+
+
+def _check_flag(value, argname):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError("%s must be True or False, got %r" % (argname, value))
+    return bool(value)
+
+
+def _check_dtype(dtype, argname="dtype"):
+    """Data holds numbers and booleans: an object or string array in shared
+    memory would hold pointers into the master's own memory."""
+    if dtype.kind not in "biufc":
+        raise TypeError("%s: dtype %s cannot be Data; use a boolean, integer, float or complex dtype"
+                        % (argname, dtype))
+    return dtype
+
+
+def _as_array(value, argname):
+    """``np.asarray(value)``, with an error that names ``argname``."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError("%s is not an array of numbers (%s): %s" % (argname, exc, brief(value))) from None
 
 
 class Data:
@@ -147,22 +171,31 @@ class Data:
             If the dimensions differ, or the dtype would lose information and
             ``force_cast`` is False.
         """
+        return self._condition(input_data, force_cast, "input_data")
+
+    def _condition(self, input_data, force_cast, argname):
+        force_cast = _check_flag(force_cast, "force_cast")
         if isinstance(input_data, Data):
             input_data = input_data._require_array()
-        arr = np.asarray(input_data)
+        arr = _as_array(input_data, argname)
         if arr.dtype != self._dtype:
             rule = "safe" if isinstance(input_data, np.ndarray) else "same_kind"
-            if not (force_cast or np.can_cast(arr.dtype, self._dtype, rule)):
+            if arr.dtype.kind not in "biufc" or not (force_cast or np.can_cast(arr.dtype, self._dtype, rule)):
                 raise TypeError(
-                    "cannot store %s data in Data of dtype %s without loss; pass "
-                    "force_cast=True to convert anyway" % (arr.dtype, self.dtype)
+                    "%s: cannot store %s data in Data of dtype %s without loss; pass "
+                    "force_cast=True to convert anyway" % (argname, arr.dtype, self.dtype)
                 )
-            arr = arr.astype(self._dtype)
+            try:
+                arr = arr.astype(self._dtype)
+            except (TypeError, ValueError) as exc:
+                raise TypeError("%s of dtype %s does not convert to %s: %s"
+                                % (argname, arr.dtype, self.dtype, exc)) from None
         if arr.ndim != self._ndim:
-            raise TypeError("Data has ndim=%d, got a value with ndim=%d (shape %s)"
-                            % (self._ndim, arr.ndim, arr.shape))
+            raise TypeError("%s: Data has ndim=%d, got a value with ndim=%d (shape %s)"
+                            % (argname, self._ndim, arr.ndim, arr.shape))
         return arr
 
+    @_runtime.action("Data.set_value()")
     def set_value(self, input_data, force_cast=False, oversize=1):
         """(Over)write the values; change the shape and reallocate if needed.
 
@@ -182,11 +215,15 @@ class Data:
         ValueError
             If ``oversize`` is outside [1, 2].
         """
+        self._set_value(input_data, force_cast, oversize, "input_data")
+
+    def _set_value(self, input_data, force_cast, oversize, argname):
         oversize = _check_oversize(oversize)
-        arr = self.condition_data(input_data, force_cast)
+        arr = self._condition(input_data, force_cast, argname)
         self._reshape(arr.shape, oversize, keep=False)
         self._array[...] = arr
 
+    @_runtime.action("Data.set_length()")
     def set_length(self, length, oversize=1):
         """Change the length (axis 0), keeping the other dimensions.
 
@@ -200,6 +237,7 @@ class Data:
         tail = self.shape[1:] if self._array is not None else (0,) * (self._ndim - 1)
         self.set_shape((int(length),) + tuple(tail), oversize)
 
+    @_runtime.action("Data.set_shape()")
     def set_shape(self, shape, oversize=1):
         """Change the shape (same ndim).  Values are kept only in the sense of
         ``set_length``; reallocates only if the allocation is too small."""
@@ -211,6 +249,7 @@ class Data:
             raise TypeError("Data has ndim=%d, got shape %r" % (self._ndim, tuple(shape)))
         self._reshape(tuple(int(s) for s in shape), oversize, keep=True)
 
+    @_runtime.action("Data.free_memory()")
     def free_memory(self):
         """Release the shared memory in the master and the workers; the next
         ``set_value`` allocates anew (the only way to shrink an allocation)."""
@@ -271,6 +310,7 @@ class Data:
             pass
 
 
+@_runtime.action("synkhronos.data()")
 def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=False,
          force_cast=False, oversize=1, name=None):
     """Create a ``Data`` object for function inputs.
@@ -310,9 +350,15 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
         If dtype and ndim cannot be determined, or ``value`` does not match them.
     """
     rt = _runtime.require()
+    minibatch = _check_flag(minibatch, "minibatch")
+    force_cast = _check_flag(force_cast, "force_cast")
+    if name is not None and not isinstance(name, str):
+        raise TypeError("name must be a str or None, got %r" % (name,))
     if var is not None:
-        if not (hasattr(var, "dtype") and hasattr(var, "ndim")):
-            raise TypeError("var must be a PyTensor tensor variable, got %r" % (var,))
+        from pytensor.tensor.variable import TensorVariable
+
+        if not isinstance(var, TensorVariable):
+            raise TypeError("var must be a PyTensor tensor variable, got %s" % (brief(var),))
         if dtype is not None and np.dtype(dtype) != np.dtype(var.dtype):
             raise TypeError("dtype %r conflicts with var.dtype %r" % (dtype, var.dtype))
         if ndim is not None and ndim != var.ndim:
@@ -320,7 +366,9 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
         dtype, ndim = var.dtype, var.ndim
         name = var.name if name is None else name
     if value is not None:
-        arr = value.data if isinstance(value, Data) else np.asarray(value)
+        arr = value.data if isinstance(value, Data) else _as_array(value, "value")
+        if arr is None:
+            raise ValueError("value is a Data object with no memory: %r" % (value,))
         dtype = arr.dtype if dtype is None else dtype
         ndim = arr.ndim if ndim is None else ndim
     if ndim is None and shape is not None:
@@ -332,10 +380,12 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
             "incomplete specification: give value, var, or dtype together with ndim or "
             "shape (got dtype=%r, ndim=%r)" % (dtype, ndim)
         )
+    from_value = value is not None and dtype is arr.dtype
     try:
         dtype = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):
         raise TypeError("dtype %r is not a numpy dtype" % (dtype,)) from None
+    _check_dtype(dtype, "value" if from_value else "dtype")
     if isinstance(ndim, bool) or not isinstance(ndim, numbers.Integral) or ndim < 0:
         raise TypeError("ndim must be a non-negative int, got %r" % (ndim,))
     _check_oversize(oversize)
@@ -344,7 +394,7 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
     d = Data(ID, dtype, ndim, minibatch=minibatch, name=name)
     rt.datas[ID] = d
     if value is not None:
-        d.set_value(value, force_cast=force_cast, oversize=oversize)
+        d._set_value(value, force_cast, oversize, "value")
     elif shape is not None:
         d.set_shape(shape, oversize=oversize)
     return d

@@ -9,6 +9,7 @@ from ._core import FunctionCore, compile_function, is_jax_mode
 from ._data import Data, data
 from ._exchange import receive
 from ._plan import (
+    brief,
     check_selection_fits,
     normalize_batch,
     normalize_batch_s,
@@ -147,6 +148,11 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
 
     scat = _as_var_list(inputs, "inputs")
     bcast = _as_var_list(bcast_inputs, "bcast_inputs")
+    seen = set()
+    for v in scat + bcast:
+        if v in seen:
+            raise ValueError("inputs and bcast_inputs name the variable %s twice" % (v,))
+        seen.add(v)
     for v in scat:
         if getattr(v, "ndim", 1) == 0:
             raise TypeError("scattered input %r is 0-d and cannot be split along axis 0; "
@@ -209,6 +215,8 @@ class Function:
                 names.setdefault(v.name, i)
         self._names = names
         self._reshaped = None
+        name = core.plain.name
+        self._label = "call of function %s" % (repr(name) if name else "#%d" % core.ID)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -237,13 +245,14 @@ class Function:
     # -------------------------------------------------------------------- inputs
     def _order_inputs(self, args, kwargs):
         n = len(self._inputs)
+        for key in kwargs:
+            if key not in self._names:
+                raise TypeError("unknown input name %r; inputs are named %s" % (key, sorted(self._names)))
         if len(args) + len(kwargs) != n:
             raise TypeError("function takes %d data inputs, got %d" % (n, len(args) + len(kwargs)))
         ordered = list(args) + [None] * len(kwargs)
         for key, value in kwargs.items():
-            idx = self._names.get(key)
-            if idx is None:
-                raise TypeError("unknown input name %r; inputs are named %s" % (key, sorted(self._names)))
+            idx = self._names[key]
             if idx < len(args) or ordered[idx] is not None:
                 raise TypeError("input %r given twice" % key)
             ordered[idx] = value
@@ -333,6 +342,11 @@ class Function:
             for d in full:
                 check_selection_fits(sel, len(d), "input %s" % (d,))
             n = selection_length(sel)
+        if n == 0:  # no rank would have an output to reduce
+            if batch is not None:
+                raise ValueError("batch=%s selects no rows; a call needs at least one" % brief(batch))
+            raise ValueError("the scattered inputs %s have no rows; a call needs at least one"
+                             % ", ".join(repr(d) for d in scat))
         for d in scat:
             if d.minibatch and len(d) < n:
                 raise ValueError("minibatch input %s has %d rows but the call selects %d" % (d, len(d), n))
@@ -400,6 +414,9 @@ class Function:
         if batch_s is not None and not core.sliceable:
             raise TypeError("batch_s=%r given but the function has no sliceable_shareds" % (batch_s,))
         share_sels = [None] * rt.n_parallel if batch_s is None else normalize_batch_s(batch_s, rt.n_parallel)
+        if batch_s is not None and not scat and not any(selection_length(s) for s in share_sels):
+            raise ValueError("batch_s=%s selects no rows on any rank; a call needs at least one"
+                             % brief(batch_s))
 
         rank_scat = [[] for _ in range(rt.n_parallel)]
         if scat:
@@ -435,12 +452,14 @@ class Function:
         # Queued devices: a call with nothing to return and no Data to read (which
         # the user may overwrite once the call returns) need not wait for the workers.
         posted = rt.device.queued and not subset and not ordered
+        rt.action = self._label
         try:
             if posted:
                 rt.post(Command.CALL, payloads, local=local, binding=False)
                 return []
             mine, replies = rt.request(Command.CALL, payloads, local=local)
         finally:
+            rt.action = None
             for i in self._reshaped_ids(rt):
                 rt.shapes.pop(i, None)
         if specs is not None:

@@ -17,6 +17,7 @@ __all__ = [
     "selection_length",
     "take_rows",
     "check_selection_fits",
+    "brief",
 ]
 
 
@@ -47,10 +48,18 @@ def _index_array(value, argname):
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.dtype.kind not in "iu":
-        raise TypeError("%s indices must be integers, got dtype %s: %r" % (argname, arr.dtype, value))
+        raise TypeError("%s indices must be integers, got dtype %s: %s" % (argname, arr.dtype, brief(value)))
     if arr.min() < 0:
         raise ValueError("%s indices must be non-negative, got %d" % (argname, arr.min()))
+    if arr.dtype.kind == "u" and arr.max() > np.iinfo(np.int64).max:  # would wrap to negative
+        raise ValueError("%s indices must be below 2**63, got %d" % (argname, arr.max()))
     return arr.astype(np.int64, copy=False)
+
+
+def brief(value, limit=80):
+    """``repr(value)``, shortened to about ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 5] + " ...)"
 
 
 def _check_slice(s, argname, length=None):
@@ -109,14 +118,17 @@ def normalize_batch_s(batch_s, n_ranks):
     ``batch_s`` is a slice, a list of ints or a 1-d int array used on every
     rank, or a list/tuple with one of those per rank.
     """
-    if isinstance(batch_s, (slice, np.ndarray)) or _is_index_list(batch_s):
+    per_rank = isinstance(batch_s, (list, tuple)) and any(
+        isinstance(b, (slice, list, tuple, np.ndarray)) for b in batch_s)
+    if isinstance(batch_s, (slice, np.ndarray)) or _is_index_list(batch_s) or (
+            isinstance(batch_s, (list, tuple)) and not per_rank):
         sel = normalize_batch(batch_s, argname="batch_s")
         return [sel] * n_ranks
-    if isinstance(batch_s, (list, tuple)):
+    if per_rank:
         if len(batch_s) != n_ranks:
             raise ValueError(
-                "batch_s given per rank must have one entry for each of the %d ranks, got %d"
-                % (n_ranks, len(batch_s))
+                "batch_s given per rank must have one entry for each of the %d ranks, got %d: %s"
+                % (n_ranks, len(batch_s), brief(batch_s))
             )
         kinds = {isinstance(b, slice) for b in batch_s}  # slices, or index lists/arrays
         if len(kinds) > 1:
@@ -149,15 +161,17 @@ def sub_selection(sel, start, stop):
     return sel[start:stop]
 
 
-def check_selection_fits(sel, length, what):
-    """Raise ValueError if ``sel`` reaches past ``length`` rows of ``what``."""
+def check_selection_fits(sel, length, what, argname="batch"):
+    """Raise ValueError if selection ``sel`` (argument ``argname``) reaches past
+    ``length`` rows of ``what``."""
     if isinstance(sel, slice):
         top = sel.stop
     else:
         top = int(sel.max()) + 1 if len(sel) else 0
     if top > length:
+        shown = "%s=%r" % (argname, sel) if isinstance(sel, slice) else argname
         raise ValueError(
-            "selection needs %d rows but %s has only %d (largest index %d)" % (top, what, length, top - 1)
+            "%s needs %d rows but %s has only %d (largest index %d)" % (shown, top, what, length, top - 1)
         )
 
 

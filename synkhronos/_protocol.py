@@ -11,11 +11,13 @@ orders the work.
 """
 
 import enum
+import math
 import os
+import select
 import time
 import traceback
 
-__all__ = ["Command", "ok", "failure", "recv", "spin_seconds"]
+__all__ = ["Command", "Receiver", "ok", "failure", "spin_seconds"]
 
 # How long a process polls for the next message before it blocks: a process
 # woken from sleep runs its first microseconds slowly, so a short poll makes
@@ -71,10 +73,45 @@ def failure(exc):
     return False, (type(exc).__name__, str(exc), tb)
 
 
-def recv(conn, spin):
-    """``conn.recv()``, polling for up to ``spin`` seconds before blocking."""
-    if spin > 0 and not conn.poll(0):
-        deadline = time.perf_counter() + spin
-        while not conn.poll(0) and time.perf_counter() < deadline:
-            pass
-    return conn.recv()
+class Receiver:
+    """Reads the messages of one connection, polling for ``spin`` seconds before
+    it blocks (a ``select.poll`` object made once: a poll costs ~0.6 us, where
+    ``Connection.poll`` builds a selector each time, ~5 us).
+
+    Parameters
+    ----------
+    conn : multiprocessing.connection.Connection
+    spin : float
+        Seconds to poll before blocking (see ``spin_seconds``).
+    """
+
+    def __init__(self, conn, spin):
+        self.conn = conn
+        self.spin = spin
+        self._poll = select.poll()
+        self._poll.register(conn.fileno(), select.POLLIN)
+
+    def ready(self, timeout=0.0):
+        """Whether a message (or the end of the stream) can be read within
+        ``timeout`` seconds (None: wait as long as it takes)."""
+        ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
+        return bool(self._poll.poll(ms))
+
+    def wait(self, timeout=None):
+        """Poll for up to ``spin`` seconds, then block until a message can be read
+        or ``timeout`` seconds (counted from now) have passed; returns whether
+        one can be read."""
+        if self.spin > 0 and not self.ready():
+            start = time.perf_counter()
+            deadline = start + self.spin
+            while time.perf_counter() < deadline:
+                if self.ready():
+                    return True
+            if timeout is not None:
+                timeout -= time.perf_counter() - start
+        return self.ready(timeout)
+
+    def recv(self):
+        """The next message, waiting as long as it takes."""
+        self.wait()
+        return self.conn.recv()

@@ -6,23 +6,28 @@ memory and the registry of functions, shared variables and Data objects.
 import atexit
 import collections
 import contextlib
+import functools
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import weakref
 from multiprocessing.connection import Connection
 
-from . import _shmem
+from . import _shmem, _stacks
 from ._core import dumps_cores, reseed_generators
 from ._devices import cpu
 from ._exchange import ExchangeBuffer
-from ._protocol import Command, recv, spin_seconds
-from .exceptions import WorkerError
+from ._protocol import Command, Receiver, spin_seconds
+from .exceptions import StallError, WorkerError
 
-__all__ = ["Runtime", "current", "require", "start", "shutdown", "default_device"]
+__all__ = ["Runtime", "current", "require", "start", "shutdown", "default_device", "action"]
 
 _READY_TIMEOUT = 300.0  # seconds for a worker to start (imports numpy, posix_ipc)
 _EXIT_TIMEOUT = 5.0
@@ -57,9 +62,30 @@ def require(distributed=None):
     return rt
 
 
-def start(n_parallel, master_rank, device, profile_workers):
+def action(name):
+    """Decorator for a public call: while it runs, commands it sends are
+    described as ``name`` (in stall reports and errors of posted commands)."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def named(*args, **kwargs):
+            rt = _runtime
+            if rt is None or rt.action is not None:
+                return fn(*args, **kwargs)
+            rt.action = name
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rt.action = None
+
+        return named
+
+    return decorate
+
+
+def start(n_parallel, master_rank, device, profile_workers, timeout=None):
     global _runtime
-    rt = Runtime(n_parallel, master_rank, device, profile_workers)
+    rt = Runtime(n_parallel, master_rank, device, profile_workers, timeout)
     _runtime = rt
     try:
         rt.spawn()
@@ -107,22 +133,51 @@ def _pytensor_flags(names, changed_only):
 class _Worker:
     """Master's handle on one worker process."""
 
-    def __init__(self, rank, process, conn):
+    def __init__(self, rank, process, conn, spin):
         self.rank = rank
         self.process = process
         self.conn = conn
+        self.receiver = Receiver(conn, spin)
         self.pending_drops = []  # segments of collected Data, dropped with the next command
         self.owed = collections.deque()  # labels of posted commands whose replies are unread
+        self.asked = None  # label of the round trip's command while its reply is unread
+        self.since = 0.0  # when the master began waiting for its oldest unread reply
+
+    @property
+    def busy(self):
+        """Whether a reply is still to come."""
+        return bool(self.owed) or self.asked is not None
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Let a Ctrl-C that arrives inside the block raise only after it, so that
+    cleanup is not cut short (only the main thread can handle signals)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 class Runtime:
     """All state of a forked Synkhronos session (see module docstring)."""
 
-    def __init__(self, n_parallel, master_rank, device, profile_workers):
+    def __init__(self, n_parallel, master_rank, device, profile_workers, timeout=None):
         self.n_parallel = n_parallel
         self.master_rank = master_rank
         self.device = device
         self.profile_workers = profile_workers
+        self.timeout = timeout  # seconds a worker may take to answer (None: no limit)
+        self.action = None  # the public call under way (see ``action``)
+        self.tmpdir = None  # the workers' private temporary directory
         self.spin = spin_seconds()
         self.token = _shmem.new_token()
         self.exchange = ExchangeBuffer(self.token, master_rank)
@@ -148,14 +203,21 @@ class Runtime:
         flags = _pytensor_flags(_STARTUP_FLAGS, changed_only=True)
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         path = [pkg_parent] + [p for p in sys.path if p]
+        if self.worker_ranks:
+            # The workers' temporary files (PyTensor writes the source of every
+            # function it generates there) go to a private directory that close()
+            # removes; mode 0700, so no other user can read or plant files in it.
+            self.tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
         for rank in self.worker_ranks:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             env = dict(os.environ)
             env.update(self.device.worker_env(rank, self.n_parallel))
+            env["TMPDIR"] = self.tmpdir
             env["SYNK_WORKER"] = json.dumps(dict(
                 rank=rank, fd=theirs.fileno(), token=self.token, n_parallel=self.n_parallel,
                 master_rank=self.master_rank, device=self.device.name,
-                profile=bool(self.profile_workers), sys_path=path, spin=self.spin,
+                profile=bool(self.profile_workers), profile_dir=tempfile.gettempdir(),
+                tmpdir=self.tmpdir, sys_path=path, spin=self.spin,
             ))
             if flags:
                 extra = ",".join("%s=%s" % kv for kv in flags.items())
@@ -167,7 +229,7 @@ class Runtime:
                                         pass_fds=(theirs.fileno(),), close_fds=True)
             finally:
                 theirs.close()
-            self.workers[rank] = _Worker(rank, proc, Connection(ours.detach()))
+            self.workers[rank] = _Worker(rank, proc, Connection(ours.detach()), self.spin)
         deadline = time.monotonic() + _READY_TIMEOUT
         for w in self.workers.values():
             self._await_ready(w, deadline)
@@ -221,6 +283,8 @@ class Runtime:
         ------
         WorkerError
             If a worker raised (the lowest such rank is reported) or died.
+        StallError
+            If a worker did not answer within ``timeout`` seconds.
         """
         self._check_open()
         with self._interrupt_closes():
@@ -246,9 +310,7 @@ class Runtime:
                 w = self.workers[r]
                 if len(w.owed) >= _MAX_OWED:
                     self._read_owed(w)
-            sent, dead = self._send(cmd, payload, ranks)
-            for r in sent:
-                self.workers[r].owed.append(cmd.name.lower())
+            _, dead = self._send(cmd, payload, ranks, posted=True)
             if dead is not None:
                 self._died(dead)
             if local is None:
@@ -280,14 +342,19 @@ class Runtime:
     def check_posted(self):
         """Read owed replies that have already arrived, without waiting; raise a
         failure at once (closing the session, whose devices may now be stuck in
-        a collective).  For the master to call while it waits on its device."""
+        a collective), and a ``StallError`` if a worker is past its timeout.
+        For the master to call while it waits on its device."""
         for w in self.workers.values():
-            while w.owed and w.conn.poll(0):
+            while w.owed and w.receiver.ready():
                 try:
                     self._read_owed(w)
                 except WorkerError:
                     self._fail_closed()
                     raise
+        if self.timeout is not None:
+            now = time.monotonic()
+            if any(w.busy and now - w.since >= self.timeout for w in self.workers.values()):
+                self._stall()
 
     def _check_open(self):
         if self.closed:
@@ -301,7 +368,7 @@ class Runtime:
                 try:
                     self._read_owed(w)
                 except WorkerError as exc:
-                    if exc.exc_type == "WorkerDied":
+                    if exc.exc_type in ("WorkerDied", "Stall"):
                         raise
                     if failure is None or exc.rank < failure.rank:
                         failure = exc
@@ -310,15 +377,45 @@ class Runtime:
 
     def _read_owed(self, w):
         """Read worker ``w``'s oldest owed reply; raise WorkerError if it failed."""
-        label = w.owed.popleft()
         try:
-            okay, result = recv(w.conn, self.spin)
+            (okay, result), label = self._reply(w)
         except (EOFError, OSError):
             self._died(w.rank)
         if not okay:
             exc_type, message, tb = result
             raise WorkerError(w.rank, exc_type, "%s (during an earlier %s, which returned before "
                               "the workers finished it)" % (message, label), tb)
+
+    def _reply(self, w):
+        """Worker ``w``'s next reply and the label of its command; raises
+        ``StallError`` once ``w`` is past the timeout, and EOFError or OSError
+        when it died."""
+        if self.timeout is None:
+            w.receiver.wait()
+        else:
+            while not w.receiver.wait(w.since + self.timeout - time.monotonic()):
+                self._stall()
+        msg = w.conn.recv()
+        label = w.owed.popleft() if w.owed else w.asked
+        if not w.owed:
+            w.asked = None
+        if w.busy:
+            w.since = time.monotonic()
+        return msg, label
+
+    def _stall(self):
+        """Close the session and raise StallError for every worker that is past
+        the timeout without a reply (none: return, a reply has just come)."""
+        now = time.monotonic()
+        stuck = {r: w for r, w in self.workers.items()
+                 if w.busy and now - w.since >= self.timeout and not w.receiver.ready()}
+        if not stuck:
+            return
+        labels = {r: (w.owed[0] if w.owed else w.asked) for r, w in stuck.items()}
+        waited = {r: now - w.since for r, w in stuck.items()}
+        stacks = _stacks.take({r: w.process.pid for r, w in stuck.items()}, self.tmpdir)
+        self._fail_closed()
+        raise StallError(stuck, labels, self.timeout, stacks, waited)
 
     def _ranks_for(self, payload, ranks):
         """The worker ranks a command goes to: ``ranks``, else the keys of a
@@ -327,8 +424,10 @@ class Runtime:
             return ranks
         return sorted(payload) if isinstance(payload, dict) else self.worker_ranks
 
-    def _send(self, cmd, payload, ranks):
+    def _send(self, cmd, payload, ranks, posted=False):
         per_rank = isinstance(payload, dict)
+        label = self.action or cmd.name.lower()
+        now = time.monotonic()
         sent = []
         dead = None
         for r in ranks:
@@ -336,16 +435,27 @@ class Runtime:
             drops, w.pending_drops = w.pending_drops, []
             try:
                 w.conn.send((int(cmd), payload[r] if per_rank else payload, drops))
-                sent.append(r)
             except OSError:
                 dead = r if dead is None else min(dead, r)
+                continue
+            sent.append(r)
+            if not w.busy:
+                w.since = now
+            if posted:
+                w.owed.append(label)
+            else:
+                w.asked = label
         return sent, dead
 
     def _died(self, rank):
-        code = self.workers[rank].process.poll()
+        try:  # its channel closed, so it is exiting: let it finish, for the exit code
+            code = self.workers[rank].process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        stack = _stacks.crash_stack(self.tmpdir, rank)
         self._fail_closed()
         raise WorkerError(rank, "WorkerDied", "worker process exited unexpectedly (exit code %s); "
-                          "Synkhronos has been closed" % code)
+                          "Synkhronos has been closed" % code, stack)
 
     def _round_trip(self, cmd, payload, ranks, local):
         sent, dead = self._send(cmd, payload, self._ranks_for(payload, ranks))
@@ -358,7 +468,7 @@ class Runtime:
         replies, failures = {}, []
         for r in sent:
             try:
-                okay, result = recv(self.workers[r].conn, self.spin)
+                (okay, result), _ = self._reply(self.workers[r])
             except (EOFError, OSError):
                 dead = r if dead is None else min(dead, r)
                 continue
@@ -390,8 +500,14 @@ class Runtime:
             reseed_generators(self.shareds, cores, self.master_rank)
             self.device.place_shareds(self.shareds)
 
-        self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False), payload),
-                     local=local)
+        try:
+            self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False),
+                                              payload), local=local)
+        except Exception:
+            # Some ranks may hold the functions and others not: no call could
+            # be trusted, and distribute() cannot simply run again.
+            self._fail_closed()
+            raise
         if self.device.nccl:
             self.device.numpy_interface(self.shareds, on_set=self.forget_shape,
                                         before_get=self._settle_if_open)
@@ -429,12 +545,30 @@ class Runtime:
 
     def close(self, failed=False):
         """Stop the workers and release everything (idempotent).  ``failed``: the
-        session broke (a worker died or failed inside a collective), so device
-        communicators are aborted instead of shut down in order."""
+        session broke (a worker died, stalled or failed inside a collective, or
+        Ctrl-C came while the master waited): workers still busy with a command
+        are killed at once, and device communicators are aborted instead of shut
+        down in order."""
         if self.closed:
             return
         self.closed = True
+        with _sigint_deferred():
+            self._stop_workers(failed)
+            for data in list(self.datas.values()):
+                data._release()
+            self.datas.clear()
+            self.exchange.close()
+            self.cache.clear()
+            self.device.close(abort=failed)
+            _shmem.unlink_session(self.token)
+            if self.tmpdir is not None:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _stop_workers(self, failed):
         for w in self.workers.values():
+            if failed and w.busy:
+                w.process.kill()
+                continue
             try:
                 w.conn.send((int(Command.EXIT), None, ()))
             except OSError:
@@ -447,13 +581,6 @@ class Runtime:
                 w.process.kill()
                 w.process.wait()
             w.conn.close()
-        for data in list(self.datas.values()):
-            data._release()
-        self.datas.clear()
-        self.exchange.close()
-        self.cache.clear()
-        self.device.close(abort=failed)
-        _shmem.unlink_session(self.token)
 
 
 def default_device(use_gpu, precision="highest"):

@@ -7,6 +7,10 @@ counts reallocations of that slot.  Readers keep one mapping per slot and drop t
 old one when a newer generation shows up, so a reallocation never leaves stale
 mappings behind.  Because all names share the session prefix, ``unlink_session``
 can remove every segment of a session, even ones whose owner died.
+
+Segments are private to the user who runs the session: created with mode 0600,
+exclusively (``O_CREAT | O_EXCL``, so a name that another user created first is
+an error, never memory we use), under names that carry 128 random bits.
 """
 
 import mmap
@@ -27,11 +31,13 @@ __all__ = [
 
 _SHM_DIR = "/dev/shm"
 _PREFIX = "synk_"
+_MODE = 0o600  # read and write for the owner only
 
 
 def new_token():
-    """Return a fresh session token, unique among live sessions of this host."""
-    return "%d%s" % (os.getpid(), secrets.token_hex(3))
+    """Return a fresh session token: the pid (so that one can tell whose
+    segments these are) and 128 random bits (so that no one can guess them)."""
+    return "%d%s" % (os.getpid(), secrets.token_hex(16))
 
 
 def segment_name(token, slot, gen):
@@ -61,7 +67,13 @@ class Segment:
             shm = posix_ipc.SharedMemory(name)
         else:
             # mmap cannot map zero bytes: keep at least one page behind every name.
-            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=max(int(nbytes), 1))
+            try:
+                shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=_MODE, size=max(int(nbytes), 1))
+            except posix_ipc.ExistentialError:
+                raise FileExistsError(
+                    "shared-memory segment %s already exists; Synkhronos only uses memory it "
+                    "created itself (its names are random: another process made this one)" % name
+                ) from None
         try:
             self.nbytes = shm.size
             self.mmap = mmap.mmap(shm.fd, shm.size)

@@ -3,21 +3,37 @@
 Started by the master as a fresh interpreter (not with ``multiprocessing``, so the
 user's main script is never re-imported).  Its configuration arrives in the
 ``SYNK_WORKER`` environment variable; the command channel is an inherited socket.
+
+A worker outlives nothing: it exits when the master closes the session, when the
+command channel ends (the master died), and, checked by a watchdog thread, when
+it is orphaned while busy with a command; then it removes the session's shared
+memory and temporary directory itself.
+
+For fault-injection tests, ``SYNKHRONOS_FAULT="rank:command:nth:action"`` (several
+joined by ``;``) makes worker ``rank`` act up on the ``nth`` (1-based) command
+named ``command`` (``call``, ``set_shareds``, ... as in ``Command``), before
+carrying it out: ``hang`` sleeps forever, ``raise`` raises RuntimeError,
+``crash`` dies of a segmentation fault.
 """
 
+import faulthandler
 import json
 import os
 import pickle
+import shutil
 import signal
 import sys
-import tempfile
 import threading
+import time
 
-from . import _shmem
+from . import _shmem, _stacks
 from ._core import reseed_generators
 from ._exchange import ExchangeBuffer, receive
 from ._plan import take_rows
-from ._protocol import Command, failure, ok, recv
+from ._protocol import Command, Receiver, failure, ok
+
+_WATCH_S = 0.5  # how often a worker checks that its master is alive
+FAULT_ENV = "SYNKHRONOS_FAULT"
 
 __all__ = ["main"]
 
@@ -140,11 +156,45 @@ _HANDLERS = {
 }
 
 
-def _serve(conn, state):
+class _Faults:
+    """Injected faults for this rank (see the module docstring)."""
+
+    _ACTIONS = ("hang", "raise", "crash")
+
+    def __init__(self, text, rank):
+        self._plan = {}  # command -> (nth, action)
+        self._seen = {}
+        for item in filter(None, (text or "").split(";")):
+            r, cmd, nth, act = item.split(":")
+            if int(r) == rank:
+                if act not in self._ACTIONS:
+                    raise ValueError("%s: unknown action %r in %r" % (FAULT_ENV, act, item))
+                self._plan[Command[cmd.upper()]] = (int(nth), act)
+
+    def __bool__(self):
+        return bool(self._plan)
+
+    def before(self, cmd):
+        if cmd not in self._plan:
+            return
+        self._seen[cmd] = n = self._seen.get(cmd, 0) + 1
+        nth, act = self._plan[cmd]
+        if n != nth:
+            return
+        if act == "hang":
+            while True:
+                time.sleep(3600)
+        if act == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        raise RuntimeError("fault injected by %s into %s #%d" % (FAULT_ENV, cmd.name.lower(), n))
+
+
+def _serve(receiver, state, faults):
     """Answer commands until EXIT; returns False if the master vanished."""
+    conn = receiver.conn
     while True:
         try:
-            cmd, payload, drops = recv(conn, state.spin)
+            cmd, payload, drops = receiver.recv()
         except (EOFError, OSError):
             return False
         for name in drops:
@@ -152,6 +202,8 @@ def _serve(conn, state):
         if cmd == Command.EXIT:
             return True
         try:
+            if faults:
+                faults.before(Command(cmd))
             reply = ok(_HANDLERS[cmd](state, payload))
         except Exception as exc:
             reply = failure(exc)
@@ -161,6 +213,22 @@ def _serve(conn, state):
             return False
 
 
+def _remove_session(token, tmpdir):
+    """What the master would have removed: the session's segments and directory."""
+    _shmem.unlink_session(token)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _watch_master(master_pid, token, tmpdir):
+    """Exit once the master is gone, even while a command keeps the main thread
+    busy (it notices on its own only when it next reads the channel)."""
+    while True:
+        time.sleep(_WATCH_S)
+        if os.getppid() != master_pid:
+            _remove_session(token, tmpdir)
+            os._exit(1)
+
+
 def main():
     # Ctrl-C reaches the whole process group; only the master handles it and
     # then closes the workers in order.
@@ -168,6 +236,11 @@ def main():
     from multiprocessing.connection import Connection
 
     config = json.loads(os.environ.pop("SYNK_WORKER"))
+    rank, token, tmpdir = config["rank"], config["token"], config["tmpdir"]
+    stack_file = _stacks.enable(tmpdir, rank)
+    threading.Thread(target=_watch_master, args=(os.getppid(), token, tmpdir), daemon=True,
+                     name="synkhronos-watchdog").start()
+    faults = _Faults(os.environ.get(FAULT_ENV), rank)
     conn = Connection(config["fd"])
     state = _WorkerState(config)
     profiler = None
@@ -179,16 +252,24 @@ def main():
     conn.send(ok(os.getpid()))
     orderly = False
     try:
-        orderly = _serve(conn, state)
+        orderly = _serve(Receiver(conn, state.spin), state, faults)
     finally:
         if profiler is not None:
             profiler.disable()
-            name = "synkhronos_worker_%d_%d.prof" % (state.rank, os.getpid())
-            path = os.path.join(tempfile.gettempdir(), name)
+            name = "synkhronos_worker_%d_%d.prof" % (rank, os.getpid())
+            path = os.path.join(config["profile_dir"], name)
             profiler.dump_stats(path)
-            print("Synkhronos worker rank %d profile written to %s" % (state.rank, path), file=sys.stderr)
+            print("Synkhronos worker rank %d profile written to %s" % (rank, path), file=sys.stderr)
         state.close()
         if not orderly:
             # The master died without closing: nobody else will clean up.
-            _shmem.unlink_session(state.token)
+            _remove_session(token, tmpdir)
         conn.close()
+        faulthandler.disable()
+        stack_file.close()
+    # Everything is released: skip the interpreter's teardown of every loaded
+    # module (a quarter of a second with PyTensor loaded), as multiprocessing's
+    # children do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

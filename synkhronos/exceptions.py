@@ -6,7 +6,7 @@ Besides these, Synkhronos raises the built-in exceptions the API reference names
 ``ValueError`` for arguments of the right type but a bad value.
 """
 
-__all__ = ["WorkerError"]
+__all__ = ["WorkerError", "StallError"]
 
 
 class WorkerError(RuntimeError):
@@ -18,9 +18,11 @@ class WorkerError(RuntimeError):
         Rank of the worker that failed.
     exc_type : str
         Name of the exception type raised in the worker (``"ValueError"``, ...),
-        or ``"WorkerDied"`` when the worker process exited.
+        ``"WorkerDied"`` when the worker process exited, or ``"Stall"`` for a
+        ``StallError``.
     worker_traceback : str
-        The worker's formatted traceback (empty when the process died).
+        The worker's formatted traceback (empty when the process died, unless
+        it crashed and left a Python stack behind).
     """
 
     def __init__(self, rank, exc_type, message, worker_traceback=""):
@@ -31,3 +33,44 @@ class WorkerError(RuntimeError):
         if worker_traceback:
             text += "\n\nWorker traceback (rank %d):\n%s" % (rank, worker_traceback.rstrip())
         super().__init__(text)
+
+
+class StallError(WorkerError):
+    """Worker ranks did not answer within ``fork(timeout=...)`` seconds.
+
+    The session is closed before this is raised (the stuck workers are
+    killed); ``fork()`` may start a new one.
+
+    Attributes
+    ----------
+    ranks : list of int
+        The ranks that did not answer, lowest first (``rank`` is the first).
+    command : str
+        What the first of them was asked to do (``"call of function 'train'"``,
+        ``"all_reduce"``, ...); ``commands`` has it for each rank.
+    commands : dict
+        rank -> what that rank was asked to do.
+    timeout : float
+        The timeout that passed, in seconds.
+    stacks : dict
+        rank -> the Python stack of every thread of that worker when it was
+        found stuck (as ``faulthandler`` prints it), or a line saying why
+        none could be taken.
+    """
+
+    def __init__(self, ranks, commands, timeout, stacks, waited):
+        self.ranks = sorted(ranks)
+        self.commands = {r: commands[r] for r in self.ranks}
+        self.command = self.commands[self.ranks[0]]
+        self.timeout = timeout
+        self.stacks = {r: stacks[r] for r in self.ranks}
+        plural = len(self.ranks) > 1
+        head = ("rank%s %s did not answer %s within %g s (fork(timeout=%g)), so the session was "
+                "closed. If the work legitimately takes longer, give fork() a longer timeout, or "
+                "timeout=None." % ("s" if plural else "", ", ".join(str(r) for r in self.ranks),
+                                   self.command, timeout, timeout))
+        parts = [head]
+        for r in self.ranks:
+            parts.append("Rank %d, silent for %.1f s on %s; its Python stack:\n%s"
+                         % (r, waited[r], self.commands[r], self.stacks[r].rstrip()))
+        WorkerError.__init__(self, self.ranks[0], "Stall", "\n\n".join(parts))

@@ -1,8 +1,12 @@
-"""Helpers shared by the failure and cleanup tests: processes and /dev/shm."""
+"""Helpers shared by the failure, fault and cleanup tests: processes, /dev/shm and
+the session's temporary directory."""
 
 import os
+import re
+import tempfile
 
-__all__ = ["SHM_DIR", "segments", "proc_stat", "proc_exists"]
+__all__ = ["SHM_DIR", "segments", "proc_stat", "proc_exists", "worker_children", "our_segments",
+           "our_tmpdirs", "Leftovers"]
 
 SHM_DIR = "/dev/shm"
 
@@ -10,6 +14,18 @@ SHM_DIR = "/dev/shm"
 def segments(token):
     """Shared-memory names of session ``token``."""
     return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("synk_%s_" % token))
+
+
+def our_segments():
+    """Shared-memory names of any session started by this process."""
+    pattern = re.compile(r"synk_%d[0-9a-f]{32}_" % os.getpid())
+    return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n))
+
+
+def our_tmpdirs():
+    """Session temporary directories made by this process."""
+    prefix = "synkhronos_%d_" % os.getpid()
+    return sorted(n for n in os.listdir(tempfile.gettempdir()) if n.startswith(prefix))
 
 
 def proc_stat(pid):
@@ -27,3 +43,44 @@ def proc_exists(pid, start):
     unreaped zombie."""
     st = proc_stat(pid)
     return st is not None and st[1] == start
+
+
+def worker_children():
+    """Live child processes of this process that run a Synkhronos worker."""
+    me = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open("/proc/%s/cmdline" % entry, "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z" and b"synkhronos._worker" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+class Leftovers:
+    """What a live session owns, to check that none of it outlives the session:
+    its workers (pid and start time), shared-memory segments and temporary
+    directory."""
+
+    def __init__(self, rt):
+        self.token = rt.token
+        self.tmpdir = rt.tmpdir
+        self.workers = {r: (w.process.pid, proc_stat(w.process.pid)[1]) for r, w in rt.workers.items()}
+
+    def remaining(self):
+        """A description of everything still there (empty when clean)."""
+        left = []
+        for rank, (pid, start) in self.workers.items():
+            if proc_exists(pid, start):
+                left.append("worker rank %d (pid %d)" % (rank, pid))
+        left += ["segment %s" % n for n in segments(self.token)]
+        if self.tmpdir is not None and os.path.exists(self.tmpdir):
+            left.append("directory %s" % self.tmpdir)
+        return left

@@ -26,10 +26,11 @@ from _procs import segments as _segments  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
+from synkhronos._worker import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 START_S = 120.0  # for a script to get its session going (noisy, shared machine)
-ORPHAN_S = 10.0  # for workers of a killed master to clean up by themselves
+ORPHAN_S = 5.0  # for workers of a killed master to clean up by themselves
 BIG_ROWS = 40000  # (40000, 3) float32 = 480 kB: outputs travel through shared memory
 
 
@@ -226,6 +227,7 @@ def shm_maps(pid):
 
 info = dict(
     token=rt.token,
+    tmpdir=rt.tmpdir,
     pids=pids,
     segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("synk_%%s_" %% rt.token)),
     mapped={str(p): len([m for m in shm_maps(p) if "synk_" in m]) for p in [os.getpid()] + pids},
@@ -241,6 +243,8 @@ elif mode == "busy":
     while True:
         f(d)
         synk.broadcast(s)
+elif mode == "hang":  # the worker hangs inside this call (SYNKHRONOS_FAULT)
+    f(d)
 """ % dict(rows=BIG_ROWS)
 
 
@@ -254,6 +258,8 @@ class _Script:
         env["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+        if mode == "hang":
+            env[FAULT_ENV] = "1:call:2:hang"
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "-c", SCRIPT, mode], stdout=out, stderr=err,
                                          env=env, start_new_session=new_session)
@@ -269,7 +275,8 @@ class _Script:
             for line in self.out_path.read_text().splitlines():
                 if line.startswith("SYNK-INFO "):
                     info = json.loads(line[len("SYNK-INFO "):])
-                    info["workers"] = [(pid, _stat(pid)[1]) for pid in info["pids"]]
+                    # (A worker of a script that exits at once may be gone already.)
+                    info["workers"] = [(pid, (_stat(pid) or (None, None))[1]) for pid in info["pids"]]
                     self.info = info
                     self._check_info()
                     return info
@@ -304,14 +311,16 @@ class _Script:
             _unlink_leftovers(self.info["token"])
 
     def assert_clean(self, timeout=0.0):
-        """No worker runs and no segment of the session remains (waiting up to
-        ``timeout`` for orphaned workers to finish)."""
-        token, workers = self.info["token"], self.info["workers"]
-        _wait_until(lambda: not any(_running(*w) for w in workers) and not _segments(token), timeout)
+        """No worker runs and no segment or temporary directory of the session
+        remains (waiting up to ``timeout`` for orphaned workers to finish)."""
+        token, workers, tmpdir = self.info["token"], self.info["workers"], self.info["tmpdir"]
+        _wait_until(lambda: not any(_running(*w) for w in workers) and not _segments(token)
+                    and not os.path.exists(tmpdir), timeout)
         survivors = [pid for pid, start in workers if _running(pid, start)]
         left = _segments(token)
         assert survivors == [], "worker processes survived: %s" % survivors
         assert left == [], "shared memory left behind: %s" % left
+        assert not os.path.exists(tmpdir), "temporary directory left behind: %s" % tmpdir
         assert _semaphores(token) == []
 
 
@@ -353,7 +362,7 @@ def test_uncaught_exception(script):
     s.assert_clean()
 
 
-@pytest.mark.parametrize("mode", ["sleep", "busy"])
+@pytest.mark.parametrize("mode", ["sleep", "busy", "hang"])
 def test_sigint_to_master(script, mode):
     s = script(mode)
     s.wait_info()
@@ -364,7 +373,7 @@ def test_sigint_to_master(script, mode):
     s.assert_clean()
 
 
-@pytest.mark.parametrize("mode", ["sleep", "busy"])
+@pytest.mark.parametrize("mode", ["sleep", "busy", "hang"])
 def test_ctrl_c_to_process_group(script, mode):
     """A real Ctrl-C reaches the master and every worker; the workers must leave
     the shutdown to the master."""
@@ -380,9 +389,10 @@ def test_ctrl_c_to_process_group(script, mode):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-@pytest.mark.parametrize("mode", ["sleep", "busy"])
+@pytest.mark.parametrize("mode", ["sleep", "busy", "hang"])
 def test_master_killed(script, mode, sig):
-    """Nobody closes the session: the workers must notice and clean up themselves."""
+    """Nobody closes the session: the workers must notice and clean up themselves,
+    also a worker busy with a command that never ends ("hang")."""
     s = script(mode)
     s.wait_info()
     time.sleep(0.3)
@@ -390,3 +400,58 @@ def test_master_killed(script, mode, sig):
     assert s.wait() == -sig
     s.assert_clean(timeout=ORPHAN_S)
 
+
+
+# --------------------------------------------------------- the temporary directory
+FILES_SCRIPT = r"""
+import json, os, sys
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import synkhronos as synk
+
+synk.fork(int(sys.argv[1]), use_gpu=False)
+x = pt.matrix("x", dtype="float32")
+w = pytensor.shared(np.ones((3, 2), dtype="float32"), name="w")
+# The JAX linker writes the source of the functions it generates to temporary files.
+f = synk.function([x], (x.dot(w).sum(), "sum"), updates=[(w, w * 0.5)], mode="JAX")
+synk.distribute()
+d = synk.data(np.ones((10, 3), dtype="float32"))
+f(d)
+f(d, num_slices=2)
+rt = synk._runtime.current()
+during = sorted(os.listdir(rt.tmpdir)) if rt.tmpdir else []
+synk.close()
+print("SYNK-FILES " + json.dumps(dict(tmpdir=rt.tmpdir, during=during)), flush=True)
+"""
+
+
+def _files_run(tmp_path, n):
+    """Run FILES_SCRIPT on ``n`` ranks with its own TMPDIR; returns (what the
+    script saw, the entries left in TMPDIR)."""
+    tmp = tmp_path / ("tmp%d" % n)
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), PYTENSOR_FLAGS="mode=FAST_COMPILE")
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, "-c", FILES_SCRIPT, str(n)], env=env, capture_output=True,
+                         text=True, timeout=START_S)
+    assert out.returncode == 0, out.stderr
+    line = [s for s in out.stdout.splitlines() if s.startswith("SYNK-FILES ")][0]
+    return json.loads(line[len("SYNK-FILES "):]), sorted(os.listdir(tmp))
+
+
+def test_workers_temporary_files_go_with_close(tmp_path):
+    """The workers' temporary files (PyTensor's generated sources) live in the
+    session's own directory, which close() removes; what remains in TMPDIR is
+    the master's alone: the same with 2 workers as with none."""
+    alone, left_alone = _files_run(tmp_path, 1)
+    three, left_three = _files_run(tmp_path, 3)
+    assert alone["tmpdir"] is None  # no workers, no directory
+    assert os.path.dirname(three["tmpdir"]) == str(tmp_path / "tmp3")
+    generated = [n for n in three["during"] if n.startswith("tmp")]
+    assert len(generated) >= 2, three["during"]  # the workers did write there
+    assert {"stacks-rank1.txt", "stacks-rank2.txt"} <= set(three["during"])
+    assert not os.path.exists(three["tmpdir"])
+    assert not [n for n in left_three if n.startswith("synkhronos_")]
+    assert len(left_three) == len(left_alone), (left_alone, left_three)

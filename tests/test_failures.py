@@ -19,10 +19,11 @@ import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import pytest  # noqa: E402
-from _procs import SHM_DIR  # noqa: E402
+from _procs import our_segments as _our_segments  # noqa: E402
 from _procs import proc_exists as _exists  # noqa: E402
 from _procs import proc_stat as _stat  # noqa: E402
 from _procs import segments as _segments  # noqa: E402
+from _procs import worker_children as _worker_children  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
@@ -35,35 +36,10 @@ PROMPT_S = 10.0  # a dead worker must be reported well within this
 # --------------------------------------------------------------------------- helpers
 
 
-def _our_segments():
-    """Shared-memory names of any session started by this process."""
-    pattern = re.compile(r"synk_%d[0-9a-f]{6}_" % os.getpid())
-    return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n))
-
-
 def _worker_ids():
     """{rank: (pid, start time)} of the live session's workers."""
     rt = _runtime.current()
     return {r: (w.process.pid, _stat(w.process.pid)[1]) for r, w in rt.workers.items()}
-
-
-def _worker_children():
-    """Live child processes of this process that run a Synkhronos worker."""
-    me = str(os.getpid())
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            with open("/proc/%s/cmdline" % entry, "rb") as fh:
-                cmdline = fh.read()
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z" and b"synkhronos._worker" in cmdline:
-            found.append(int(entry))
-    return found
 
 
 def _kill_worker(rank):
@@ -199,19 +175,19 @@ def test_batch_s_out_of_range_on_shorter_worker(fresh):
     assert float(g(batch_s=[1])) == 1 + 20
 
 
-def test_collective_failing_in_worker(fresh):
+def test_collective_value_that_fits_no_rank_changes_none(fresh):
+    """A value that does not fit a shared variable's static shape is refused
+    before any rank is changed (it used to fail in each rank on its own)."""
     synk.fork(3, use_gpu=False)
     t = pytensor.shared(np.arange(3, dtype=F32), shape=(3,), name="t")  # static shape
     h = synk.function([], (t.sum(), "sum"))
     synk.distribute()
-    with pytest.raises(synk.WorkerError, match="rank 2") as info:
+    with pytest.raises(TypeError, match=r"values: a value of shape \(5,\) does not fit t, whose shape is "
+                                        r"fixed to \(3,\)") as info:
         synk.set_value(2, t, np.zeros(5, dtype=F32))
-    err = info.value
-    assert err.rank == 2
-    assert err.exc_type == "TypeError"
-    assert err.worker_traceback and err.worker_traceback.strip() in str(err)
-    # Unchanged, and the session is usable.
-    np.testing.assert_array_equal(synk.get_value(2, t), np.arange(3, dtype=F32))
+    assert not isinstance(info.value, synk.WorkerError)
+    for r in range(3):
+        np.testing.assert_array_equal(synk.get_value(r, t), np.arange(3, dtype=F32))
     synk.broadcast(t, np.array([1, 2, 3], dtype=F32))
     assert synk.get_shapes(t) == [(3,)] * 3
     assert float(h()) == 3 * 6.0
@@ -234,16 +210,27 @@ def test_error_in_master_share_is_raised_as_itself(fresh):
 
 
 def test_error_in_master_share_of_collective(fresh):
-    # master_rank=1; scatter 5 rows: rank 0 (worker) gets 3, rank 1 (master) 2, and
-    # only 3 fit the static shape.
+    """The master's own part of a collective fails (a value that its own copy
+    cannot take): raised as itself, after the workers answered, and the session
+    goes on in step."""
     synk.fork(2, use_gpu=False, master_rank=1)
-    t = pytensor.shared(np.zeros(3, dtype=F32), shape=(3,), name="t")
+    t = pytensor.shared(np.zeros(3, dtype=F32), name="t")
     h = synk.function([], (t.sum(), "sum"))
     synk.distribute()
-    with pytest.raises(TypeError) as info:
-        synk.scatter(t, np.arange(5, dtype=F32))
+    rt = _runtime.current()
+
+    def refuse(var, value):
+        raise MemoryError("no room for %s on the master" % var)
+
+    original = rt.device.set_value
+    rt.device.set_value = refuse
+    try:
+        with pytest.raises(MemoryError, match="no room for t") as info:
+            synk.scatter(t, np.arange(6, dtype=F32))
+    finally:
+        rt.device.set_value = original
     assert not isinstance(info.value, synk.WorkerError)
-    np.testing.assert_array_equal(synk.get_value(0, t), [0, 1, 2])
+    np.testing.assert_array_equal(synk.get_value(0, t), [0, 1, 2])  # the worker (rank 0) took its rows
     np.testing.assert_array_equal(synk.get_value(1, t), [0, 0, 0])
     assert float(h()) == 3.0
     synk.scatter(t, np.arange(6, dtype=F32))
@@ -680,7 +667,10 @@ CALL_CASES = [
      re.escape("batch_s slice must have step None, got slice(0, 4, 2)")),
     ("batch_s index -1", lambda e: e.g(batch_s=[-1, 0]), ValueError,
      "batch_s indices must be non-negative, got -1"),
-    ("batch_s bad entry", lambda e: e.g(batch_s=["a", "b"]), TypeError, "batch_s entry .*got str: 'a'"),
+    ("batch_s bad entry", lambda e: e.g(batch_s=["a", "b"]), TypeError,
+     r"batch_s indices must be integers, got dtype <U1: \['a', 'b'\]"),
+    ("batch_s bad per-rank entry", lambda e: e.g(batch_s=[[0], "ab"]), TypeError,
+     "batch_s entry .*got str: 'ab'"),
     ("batch_s beyond the rows", lambda e: e.g(batch_s=slice(0, 10)), ValueError,
      "needs 10 rows but sliceable shared variable s has only 6"),
     ("num_slices=0", lambda e: e.h(e.dx, num_slices=0), ValueError,

@@ -37,7 +37,9 @@ PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32"}
 _PRECISION_ENV = "JAX_DEFAULT_MATMUL_PRECISION"
 _SAVED_IDS = "SYNK_GPU_IDS"  # the GPUs the master could see before fork() narrowed it
 # NVLink multicast stays off: NCCL's NVLS can take a shared host's GPUs out of service.
-_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+# NCCL's bootstrap listens on a TCP socket: on one host, loopback is all it needs,
+# so no other machine can reach it.
+_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def visible_gpus():

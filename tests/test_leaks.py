@@ -1,0 +1,126 @@
+"""Nothing accumulates over many sessions: ``--leak-cycles`` fork/close cycles in
+one process (default 12), ending in every way a session ends (close(), a
+killed worker, Ctrl-C, a stall, a crash, an exception on one rank), leave no
+process, shared-memory segment, temporary directory, file descriptor or thread
+behind."""
+
+import os
+
+os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+
+import collections  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytensor  # noqa: E402
+import pytensor.tensor as pt  # noqa: E402
+import pytest  # noqa: E402
+from _procs import Leftovers, our_segments, our_tmpdirs, worker_children  # noqa: E402
+
+import synkhronos as synk  # noqa: E402
+from synkhronos import _runtime  # noqa: E402
+from synkhronos._worker import FAULT_ENV  # noqa: E402
+
+F32 = "float32"
+ENDINGS = ["close", "kill", "ctrl_c", "stall", "crash", "raise"]
+
+
+def _fds():
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+def _rss_kb():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _later(delay, fn):
+    th = threading.Timer(delay, fn)
+    th.daemon = True
+    th.start()
+    return th
+
+
+def _cycle(ending, n, monkeypatch):
+    """One session that ends with ``ending``; returns what it owned."""
+    fault = {"kill": "hang", "ctrl_c": "hang", "stall": "hang", "crash": "crash", "raise": "raise"}
+    if ending in fault:
+        monkeypatch.setenv(FAULT_ENV, "1:call:2:%s" % fault[ending])
+    synk.fork(n, use_gpu=False, timeout=2.0 if ending == "stall" else 30)
+    monkeypatch.delenv(FAULT_ENV, raising=False)
+    rt = _runtime.current()
+    left = Leftovers(rt)
+    x = pt.matrix("x", dtype=F32)
+    s = pytensor.shared(np.zeros(3, dtype=F32), name="s")
+    f = synk.function([x], [(x.sum() + s.sum(), "sum"), (x * 2, None)], updates=[(s, s + x.sum(axis=0))])
+    synk.distribute()
+    d = synk.data(np.ones((40000, 3), dtype=F32))  # outputs go through the exchange buffers
+    total, parts = f(d)
+    assert float(total) == 120000 and sum(len(p) for p in parts) == 40000
+    synk.all_reduce(s)
+    assert synk.gather(s).shape == (n, 3)
+    if ending == "close":
+        f(d)
+        synk.close()
+    elif ending == "kill":
+        pid = rt.workers[1].process.pid
+        timer = _later(0.2, lambda: os.kill(pid, signal.SIGKILL))
+        with pytest.raises(synk.WorkerError, match="WorkerDied"):
+            f(d)
+        timer.join()
+    elif ending == "ctrl_c":
+        main = threading.main_thread().ident
+        timer = _later(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                f(d)
+                time.sleep(10)
+            finally:
+                timer.join()
+    elif ending == "stall":
+        with pytest.raises(synk.StallError):
+            f(d)
+    elif ending == "crash":
+        with pytest.raises(synk.WorkerError, match="WorkerDied"):
+            f(d)
+    else:
+        with pytest.raises(synk.WorkerError, match="fault injected"):
+            f(d)
+        synk.close()
+    assert _runtime.current() is None
+    return left
+
+
+def test_fork_close_cycles_leave_nothing(request, monkeypatch):
+    cycles = request.config.getoption("--leak-cycles")
+    synk.close()
+    fds, threads = _fds(), threading.active_count()
+    endings = collections.Counter()
+    rss = []
+    t0 = time.monotonic()
+    for i in range(cycles):
+        ending = ENDINGS[i % len(ENDINGS)]
+        left = _cycle(ending, 2 + i % 2, monkeypatch)
+        deadline = time.monotonic() + 5
+        while left.remaining() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert left.remaining() == [], "cycle %d (%s) left %s" % (i, ending, left.remaining())
+        endings[ending] += 1
+        rss.append(_rss_kb())
+    elapsed = time.monotonic() - t0
+    assert worker_children() == []
+    assert our_segments() == []
+    assert our_tmpdirs() == []
+    assert _fds() == fds, "file descriptors before %s, after %s" % (fds, _fds())
+    assert threading.active_count() == threads
+    print("leaks after %d fork/close cycles in %.0f s (%s): 0 processes, 0 segments, 0 directories, "
+          "%+d file descriptors, %+d threads; master RSS %d MB after the first cycle, %d MB after the last"
+          % (cycles, elapsed, ", ".join("%s %d" % kv for kv in sorted(endings.items())),
+             len(_fds()) - len(fds), threading.active_count() - threads, rss[0] // 1024, rss[-1] // 1024),
+          file=sys.stderr)

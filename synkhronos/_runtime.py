@@ -396,9 +396,10 @@ class Runtime:
             while not w.receiver.wait(w.since + self.timeout - time.monotonic()):
                 self._stall()
         msg = w.conn.recv()
-        label = w.owed.popleft() if w.owed else w.asked
-        if not w.owed:
-            w.asked = None
+        if w.owed:  # replies come in the order of the commands: posted ones first
+            label = w.owed.popleft()
+        else:
+            label, w.asked = w.asked, None
         if w.busy:
             w.since = time.monotonic()
         return msg, label

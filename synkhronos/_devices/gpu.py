@@ -262,6 +262,24 @@ class GpuDevice:
         self.n_parallel, self.rank = n_parallel, rank
         self._stream = cupy.cuda.Stream(non_blocking=True)
         self._comm = nccl.NcclCommunicator(n_parallel, uid, rank)
+        self._warm_up()
+
+    def _warm_up(self):
+        """Build the DLPack bridges and load the CuPy kernels the collectives use,
+        now, while no NCCL kernel runs: loading a kernel (and the bridges' probes,
+        which wait on the host) can wait for the GPU's running kernels, and a
+        collective stuck on a silent rank would then hang this process in CUDA,
+        where no stall check can run."""
+        import cupy
+
+        self._import = jax_importer()
+        self._export = cupy_exporter(self._stream)
+        with self._stream:
+            x = cupy.full((2,), 1, dtype=cupy.float32)
+            (x * x.dtype.type(2)).astype(cupy.float64)
+            cupy.zeros(2, dtype=cupy.float32)
+            cupy.ascontiguousarray(cupy.concatenate([x, x]))
+        self._stream.synchronize()
 
     @staticmethod
     def new_uid():

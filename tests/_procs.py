@@ -4,9 +4,10 @@ the session's temporary directory."""
 import os
 import re
 import tempfile
+import time
 
 __all__ = ["SHM_DIR", "segments", "proc_stat", "proc_exists", "worker_children", "our_segments",
-           "our_tmpdirs", "Leftovers"]
+           "our_tmpdirs", "socket_inodes", "Leftovers"]
 
 SHM_DIR = "/dev/shm"
 
@@ -64,6 +65,19 @@ def worker_children():
     return found
 
 
+def socket_inodes(pid):
+    """Inodes of the sockets process ``pid`` has open."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
 class Leftovers:
     """What a live session owns, to check that none of it outlives the session:
     its workers (pid and start time), shared-memory segments and temporary
@@ -84,3 +98,15 @@ class Leftovers:
         if self.tmpdir is not None and os.path.exists(self.tmpdir):
             left.append("directory %s" % self.tmpdir)
         return left
+
+    def assert_gone(self, wait=5.0):
+        """Assert that the session is closed and, after up to ``wait`` seconds
+        for killed processes to be reaped, that none of it remains."""
+        from synkhronos import _runtime
+
+        assert _runtime.current() is None
+        deadline = time.monotonic() + wait
+        while self.remaining() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.remaining() == []
+        assert worker_children() == []

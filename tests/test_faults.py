@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import pytest  # noqa: E402
-from _procs import Leftovers, our_segments, our_tmpdirs, worker_children  # noqa: E402
+from _procs import Leftovers, our_segments, our_tmpdirs  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
@@ -99,15 +99,6 @@ def _env(monkeypatch, point, action, **kwargs):
     return _Env(monkeypatch, _fault(point, action), distributed=point != "distribute", **kwargs)
 
 
-def _assert_clean(left):
-    assert _runtime.current() is None
-    deadline = time.monotonic() + PROMPT_S  # a killed process may take a moment to be reaped
-    while left.remaining() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert left.remaining() == []
-    assert worker_children() == []
-
-
 def _fresh_session_works():
     synk.fork(2, use_gpu=False)
     x = pt.vector("x", dtype=F32)
@@ -163,7 +154,7 @@ def test_worker_killed_inside(fresh, monkeypatch, point):
     assert time.monotonic() - t0 < PROMPT_S
     assert info.value.exc_type == "WorkerDied" and info.value.rank == 1
     assert "rank 1" in str(info.value)
-    _assert_clean(left)
+    left.assert_gone()
     _fresh_session_works()
 
 
@@ -176,7 +167,7 @@ def test_worker_killed_while_idle(fresh, monkeypatch):
     with pytest.raises(synk.WorkerError) as info:
         e.f(e.d)
     assert info.value.exc_type == "WorkerDied" and info.value.rank == 1
-    _assert_clean(left)
+    left.assert_gone()
     _fresh_session_works()
 
 
@@ -191,7 +182,7 @@ def test_worker_crash_reports_its_stack(fresh, monkeypatch):
     assert "exit code -%d" % signal.SIGSEGV in str(err)
     assert "Segmentation fault" in err.worker_traceback
     assert "_serve" in err.worker_traceback  # where it was
-    _assert_clean(left)
+    left.assert_gone()
     _fresh_session_works()
 
 
@@ -215,7 +206,7 @@ def test_ctrl_c_inside(fresh, monkeypatch, point):
             disarm()
     assert not returned, "%s returned although the worker hung in it" % point
     assert time.monotonic() - t0 < PROMPT_S
-    _assert_clean(left)
+    left.assert_gone()
     _fresh_session_works()
 
 
@@ -245,7 +236,7 @@ def test_exception_on_one_rank(fresh, monkeypatch, point):
         assert _runtime.current() is e.rt
         e.works()
         synk.close()
-    _assert_clean(left)
+    left.assert_gone()
 
 
 # ------------------------------------------------------------------ a stuck worker
@@ -270,5 +261,5 @@ def test_stall_inside(fresh, monkeypatch, point):
     assert err.command == LABELS.get(name, name)
     assert "in before" in err.stacks[1] and "in _serve" in err.stacks[1]  # the failpoint, in the loop
     assert "did not answer %s within 1 s" % err.command in str(err)
-    _assert_clean(left)
+    left.assert_gone()
     _fresh_session_works()

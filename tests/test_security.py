@@ -19,7 +19,7 @@ import posix_ipc  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import pytest  # noqa: E402
-from _procs import SHM_DIR, segments  # noqa: E402
+from _procs import SHM_DIR, segments, socket_inodes  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime, _shmem  # noqa: E402
@@ -90,18 +90,6 @@ def test_workers_temporary_directory_is_private(session):
     assert os.path.basename(rt.tmpdir).startswith("synkhronos_%d_" % os.getpid())
 
 
-def _socket_inodes(pid):
-    inodes = set()
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    return inodes
-
-
 def _inet_inodes():
     """Inodes of every TCP and UDP socket of this machine (network namespace)."""
     found = set()
@@ -131,7 +119,7 @@ def test_no_network_listener(session):
     rt, _ = session
     inet, named = _inet_inodes(), _named_unix_inodes()
     for rank, w in rt.workers.items():
-        socks = _socket_inodes(w.process.pid)
+        socks = socket_inodes(w.process.pid)
         assert socks, "worker rank %d has no command channel?" % rank
         assert not socks & inet, "worker rank %d has a TCP/UDP socket" % rank
         assert not socks & named, "worker rank %d has a named Unix socket" % rank

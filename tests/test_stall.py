@@ -44,15 +44,6 @@ def _sleepy_session(n, timeout, seconds):
     return f
 
 
-def _assert_clean(left):
-    assert _runtime.current() is None
-    deadline = time.monotonic() + REPORT_S
-    while left.remaining() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert left.remaining() == []
-    assert worker_children() == []
-
-
 def test_sleeping_user_op_is_reported_with_its_stack(fresh):
     f = _sleepy_session(3, TIMEOUT, seconds=3600)
     rt = _runtime.current()
@@ -79,7 +70,7 @@ def test_sleeping_user_op_is_reported_with_its_stack(fresh):
         assert stack.strip() in str(err)
     assert "ranks 1, 2 did not answer call of function 'slow_sum' within 2 s" in str(err)
     assert "timeout=None" in str(err)  # says how to allow longer work
-    _assert_clean(left)
+    left.assert_gone()
 
 
 def test_work_within_the_timeout_is_not_interrupted(fresh):
@@ -123,22 +114,28 @@ def test_stopped_worker_is_reported_without_a_stack(fresh):
             pass
     assert info.value.ranks == [1]
     assert "no stack" in info.value.stacks[1] and "stopped" in info.value.stacks[1]
-    _assert_clean(left)
+    left.assert_gone()
+
+
+def _posted_session(monkeypatch, n, fault):
+    """``n`` CPU ranks, ``fault`` injected, shared variable 0 (``s``) in a
+    function; returns the runtime and what it owns."""
+    monkeypatch.setenv(FAULT_ENV, fault)
+    synk.fork(n, use_gpu=False, timeout=TIMEOUT)
+    monkeypatch.delenv(FAULT_ENV)
+    x = pt.vector("x", dtype=F32)
+    s = pytensor.shared(np.zeros(3, dtype=F32), name="s")
+    synk.function([x], x.sum() + s.sum())
+    synk.distribute()
+    rt = _runtime.current()
+    return rt, Leftovers(rt)
 
 
 def test_posted_command_that_stalls(fresh, monkeypatch):
     """Replies read later (posted commands, as GPU collectives are) are held to
     the timeout too: both when the master settles them and while it waits on its
     device (``check_posted``)."""
-    monkeypatch.setenv(FAULT_ENV, "2:get_shapes:1:hang")
-    synk.fork(3, use_gpu=False, timeout=TIMEOUT)
-    monkeypatch.delenv(FAULT_ENV)
-    x = pt.vector("x", dtype=F32)
-    s = pytensor.shared(np.zeros(3, dtype=F32), name="s")
-    synk.function([x], x.sum() + s.sum())  # shared variable 0: s
-    synk.distribute()
-    rt = _runtime.current()
-    left = Leftovers(rt)
+    rt, left = _posted_session(monkeypatch, 3, "2:get_shapes:1:hang")
     rt.action = "a posted collective"
     rt.post(Command.GET_SHAPES, [0])
     rt.action = None
@@ -149,25 +146,17 @@ def test_posted_command_that_stalls(fresh, monkeypatch):
         rt.check_posted()
     assert info.value.ranks == [2] and info.value.command == "a posted collective"
     assert "in before" in info.value.stacks[2]
-    _assert_clean(left)
+    left.assert_gone()
 
 
 def test_posted_stall_is_raised_when_settling(fresh, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "1:get_shapes:1:hang")
-    synk.fork(2, use_gpu=False, timeout=TIMEOUT)
-    monkeypatch.delenv(FAULT_ENV)
-    x = pt.vector("x", dtype=F32)
-    s = pytensor.shared(np.zeros(3, dtype=F32), name="s")
-    synk.function([x], x.sum() + s.sum())  # shared variable 0: s
-    synk.distribute()
-    rt = _runtime.current()
-    left = Leftovers(rt)
+    rt, left = _posted_session(monkeypatch, 2, "1:get_shapes:1:hang")
     rt.post(Command.GET_SHAPES, [0])
     t0 = time.monotonic()
     with pytest.raises(synk.StallError, match="did not answer get_shapes"):
         synk.synchronize()
     assert TIMEOUT <= time.monotonic() - t0 < TIMEOUT + REPORT_S
-    _assert_clean(left)
+    left.assert_gone()
 
 
 def test_stall_then_fork_again(fresh):

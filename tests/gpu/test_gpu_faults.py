@@ -12,7 +12,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
-from _procs import Leftovers, worker_children
+from _procs import Leftovers, socket_inodes
 
 import synkhronos as synk
 from synkhronos import _runtime
@@ -35,15 +35,6 @@ def _session(monkeypatch, fault=None, timeout=TIMEOUT):
     d = synk.data(np.arange(8, dtype=F32))
     assert float(f(d)) == 28 + 2 * (1 << 20)
     return _runtime.current(), s, f, d
-
-
-def _assert_clean(left):
-    assert _runtime.current() is None
-    deadline = time.monotonic() + 5
-    while left.remaining() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert left.remaining() == []
-    assert worker_children() == []
 
 
 def _new_session_works():
@@ -79,7 +70,7 @@ def test_stuck_worker_in_a_collective_is_a_stall(fresh, monkeypatch):
     err = info.value
     assert err.ranks == [1] and err.command == "all_reduce"
     assert "in before" in err.stacks[1]
-    _assert_clean(left)
+    left.assert_gone()
     _new_session_works()
 
 
@@ -91,7 +82,7 @@ def test_stuck_worker_in_a_call_is_a_stall(fresh, monkeypatch):
     with pytest.raises(synk.StallError) as info:
         f(d)
     assert info.value.ranks == [1] and info.value.command == "call of function 'f'"
-    _assert_clean(left)
+    left.assert_gone()
     _new_session_works()
 
 
@@ -106,7 +97,7 @@ def test_worker_killed_inside_a_collective(fresh, monkeypatch):
         synk.synchronize()
     assert info.value.exc_type == "WorkerDied" and info.value.rank == 1
     assert time.monotonic() - t0 < REPORT_S
-    _assert_clean(left)
+    left.assert_gone()
     _new_session_works()
 
 
@@ -122,22 +113,10 @@ def _listening_tcp():
     return found
 
 
-def _socket_inodes(pid):
-    inodes = set()
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    return inodes
-
-
 def test_nccl_listens_on_loopback_only(fresh, monkeypatch):
     rt, _, _, _ = _session(monkeypatch)
     listening = _listening_tcp()
     pids = [os.getpid()] + [w.process.pid for w in rt.workers.values()]
-    addresses = [listening[i] for pid in pids for i in _socket_inodes(pid) if i in listening]
+    addresses = [listening[i] for pid in pids for i in socket_inodes(pid) if i in listening]
     loopback = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1, ::1
     assert all(a.startswith(loopback) for a in addresses), addresses

@@ -21,7 +21,7 @@ import numbers
 import numpy as np
 
 from . import _runtime
-from ._data import Data
+from ._data import Data, _check_flag
 from ._exchange import receive
 from ._plan import (
     brief,
@@ -121,11 +121,6 @@ def _array(value):
     return value.data if isinstance(value, Data) else value
 
 
-def _check_bool(flag, argname):
-    if not isinstance(flag, (bool, np.bool_)):
-        raise TypeError("%s must be True or False, got %r" % (argname, flag))
-
-
 def _check_rank(rt, rank):
     if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
         raise TypeError("rank must be an int, got %r" % (rank,))
@@ -180,7 +175,7 @@ def _set_all(rt, variables, ids, values, rows=None, ranks=None, argname="values"
 
 
 def _use_nccl(rt, nccl):
-    _check_bool(nccl, "nccl")
+    _check_flag(nccl, "nccl")
     return nccl and rt.device.nccl
 
 
@@ -398,7 +393,7 @@ def reduce(shared_vars, op="avg", in_place=True, nccl=True):
     """
     rt = _runtime.require(distributed=True)
     use_nccl = _use_nccl(rt, nccl)
-    _check_bool(in_place, "in_place")
+    _check_flag(in_place, "in_place")
     if use_nccl:
         check_op(op, allow_none=False)
         variables, ids, single = _targets(rt, shared_vars)

@@ -365,6 +365,7 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
             raise TypeError("ndim %r conflicts with var.ndim %r" % (ndim, var.ndim))
         dtype, ndim = var.dtype, var.ndim
         name = var.name if name is None else name
+    dtype_of_value = value is not None and dtype is None  # then a bad dtype is the value's fault
     if value is not None:
         arr = value.data if isinstance(value, Data) else _as_array(value, "value")
         if arr is None:
@@ -380,12 +381,11 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
             "incomplete specification: give value, var, or dtype together with ndim or "
             "shape (got dtype=%r, ndim=%r)" % (dtype, ndim)
         )
-    from_value = value is not None and dtype is arr.dtype
     try:
         dtype = np.dtype(dtype)
     except (TypeError, ValueError):
         raise TypeError("dtype %r is not a numpy dtype" % (dtype,)) from None
-    _check_dtype(dtype, "value" if from_value else "dtype")
+    _check_dtype(dtype, "value" if dtype_of_value else "dtype")
     if isinstance(ndim, bool) or not isinstance(ndim, numbers.Integral) or ndim < 0:
         raise TypeError("ndim must be a non-negative int, got %r" % (ndim,))
     _check_oversize(oversize)

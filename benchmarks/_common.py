@@ -1,10 +1,12 @@
 """Helpers shared by the benchmark scripts: machine description, statistics,
-tables and the JSON results file.  Not a benchmark itself."""
+tables and the results files (JSON, and a PNG picture of it beside it: see
+``_plots``).  Not a benchmark itself."""
 
 import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 
@@ -91,6 +93,17 @@ def machine_info():
     }
 
 
+def gpu_name():
+    """Model name(s) of the GPUs nvidia-smi lists (e.g. "NVIDIA H200"), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = list(dict.fromkeys(ln.strip() for ln in out.splitlines() if ln.strip()))
+    return ", ".join(names) or None
+
+
 def print_machine(info):
     print("machine: %s | %s | %s usable of %s logical cores | load avg %s"
           % (info["platform"], info["cpu_model"], info["usable_cores"], info["logical_cpus"],
@@ -137,3 +150,16 @@ def write_json(path, payload):
         json.dump(payload, f, indent=2, sort_keys=False, default=str)
         f.write("\n")
     print("results written to %s" % path)
+
+
+def write_results(path, payload):
+    """Write the JSON results file, then its PNG picture beside it (same path,
+    ``.png``; skipped with one printed line where matplotlib is missing)."""
+    from _plots import write_plot
+
+    write_json(path, payload)
+    try:
+        write_plot(path, payload)
+    except Exception as exc:  # the JSON is what counts: a plotting bug must not fail a long run
+        print("PNG not written (%s: %s); the JSON is complete, redraw it with "
+              "python benchmarks/plot.py %s" % (type(exc).__name__, exc, path), file=sys.stderr)

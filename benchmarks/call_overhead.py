@@ -60,13 +60,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
     default_out,
+    gpu_name,
     machine_info,
     median,
     percentile,
     print_machine,
     table,
     usable_cores,
-    write_json,
+    write_results,
 )
 
 ROW_FLOATS = 256  # float32 columns of the big Data in (b) and (c): 1 KiB rows
@@ -201,11 +202,16 @@ def _overhead(f_tiny, p_tiny, args, rng, synk):
         plain_cold += _time_calls(lambda: p_tiny(x_np), cold_calls, COLD_SLEEP_S)
         synk_cold += _time_calls(lambda: f_tiny(x_d), cold_calls, COLD_SLEEP_S)
     x_d.free_memory()
+    return overhead_stats(synk_t, plain_t, synk_cold, plain_cold, ok)
+
+
+def overhead_stats(synk_t, plain_t, synk_cold, plain_cold, same_result):
+    """Part (a) of one session from per-call seconds: synk and plain, warm and cold."""
     us = 1e6
     return {
         "plain_cold_us_median": median(plain_cold) * us,
         "synk_cold_us_median": median(synk_cold) * us,
-        "same_result": ok,
+        "same_result": same_result,
         "plain_us_median": median(plain_t) * us,
         "plain_us_p90": percentile(plain_t, 90) * us,
         "synk_us_median": median(synk_t) * us,
@@ -232,7 +238,6 @@ def _scatter(f_sum, p_sum, args, rng, synk):
     _fill(big, rng)
     src = big.data
     idx = rng.permutation(total_rows)[:args.gather_rows].astype(np.int64)
-    nbytes = args.gather_rows * ROW_BYTES
     buf = np.empty((args.gather_rows, ROW_FLOATS), dtype="float32")
     contig = src[:args.gather_rows]
 
@@ -251,8 +256,15 @@ def _scatter(f_sum, p_sum, args, rng, synk):
         for name, fn in methods.items():
             times[name] += _time_calls(fn, args.b_calls)
     big.free_memory()
-    out = {"same_result": ok, "gathered_mb": nbytes / 2**20, "data_mb": total_rows * ROW_BYTES / 2**20,
-           "index_rows": args.gather_rows}
+    return scatter_stats(times, total_rows, args.gather_rows, ok)
+
+
+def scatter_stats(times, total_rows, index_rows, same_result):
+    """Part (b) of one session from per-call seconds ``times[method]`` (methods:
+    synk, plain_gather_sum, np_take, memcpy) gathering ``index_rows`` of ``total_rows``."""
+    nbytes = index_rows * ROW_BYTES
+    out = {"same_result": same_result, "gathered_mb": nbytes / 2**20,
+           "data_mb": total_rows * ROW_BYTES / 2**20, "index_rows": index_rows}
     for name, t in times.items():
         out[name + "_ms_median"] = median(t) * 1e3
         out[name + "_gbps"] = nbytes / median(t) / 1e9
@@ -332,16 +344,7 @@ def run_memory(args, notes):
                 if hwm_ok:
                     peaks.append((_status_kb("VmHWM")["VmHWM"] - h0) / 1024)
             after = _status_kb("RssAnon", "RssShmem")
-            row = {
-                "data_mb": total_rows * ROW_BYTES / 2**20,
-                "index_rows": args.mem_rows,
-                "ranks": n,
-                "master_share_mb": -(-args.mem_rows // n) * ROW_BYTES / 2**20,
-                "rss_anon_growth_mb": (after["RssAnon"] - before["RssAnon"]) / 1024,
-                "rss_shmem_growth_mb": (after["RssShmem"] - before["RssShmem"]) / 1024,
-                "vm_hwm_growth_first_call_mb": peaks[0] if hwm_ok else None,
-                "vm_hwm_growth_mb": max(peaks[1:]) if hwm_ok and len(peaks) > 1 else None,
-            }
+            row = memory_row(total_rows, args.mem_rows, n, before, after, peaks if hwm_ok else None)
             if hwm_ok:  # control: a real copy of the Data must show up
                 gc.collect()
                 _reset_hwm()
@@ -357,6 +360,22 @@ def run_memory(args, notes):
         with _quiet():
             synk.close()
     return rows_out
+
+
+def memory_row(total_rows, index_rows, n, before, after, peaks):
+    """Part (c) for one Data: ``before``/``after`` the calls, kB of RssAnon and
+    RssShmem; ``peaks``: MB of VmHWM growth per call, the first call first (None
+    where VmHWM could not be reset)."""
+    return {
+        "data_mb": total_rows * ROW_BYTES / 2**20,
+        "index_rows": index_rows,
+        "ranks": n,
+        "master_share_mb": -(-index_rows // n) * ROW_BYTES / 2**20,
+        "rss_anon_growth_mb": (after["RssAnon"] - before["RssAnon"]) / 1024,
+        "rss_shmem_growth_mb": (after["RssShmem"] - before["RssShmem"]) / 1024,
+        "vm_hwm_growth_first_call_mb": peaks[0] if peaks else None,
+        "vm_hwm_growth_mb": max(peaks[1:]) if peaks and len(peaks) > 1 else None,
+    }
 
 
 def memory_in_child(args, notes):
@@ -454,6 +473,26 @@ def _parse(argv=None):
     return args
 
 
+def make_payload(info, args, sessions, pipe_times=None, memory=None, notes=()):
+    """The JSON results file's contents: ``sessions`` from ``run_session`` (one per
+    rank count), ``pipe_times`` the per-call seconds of ``pipe_floor`` (part a),
+    ``memory`` the rows of part (c)."""
+    results = {"benchmark": "call_overhead", "machine": info, "settings": {
+        k: v for k, v in vars(args).items() if k != "out"}, "notes": list(notes), "sessions": sessions}
+    if pipe_times is not None:
+        results["pipe_round_trip_us_median"] = median(pipe_times) * 1e6
+    for s in sessions:
+        if "a" in s and s["ranks"] == 2:
+            overhead = s["a"]["overhead_us_median"]
+            results["target_a"] = {"ranks": 2, "target_us": TARGET_OVERHEAD_US, "overhead_us": overhead,
+                                   "pass": overhead <= TARGET_OVERHEAD_US,
+                                   "two_core_machine": info["usable_cores"] == 2}
+    if memory is not None:
+        results["memory"] = memory
+        results["memory_pass"] = _memory_verdict(memory)
+    return results
+
+
 def main(argv=None):
     args = _parse(argv)
     if args.memory_child:
@@ -465,33 +504,33 @@ def main(argv=None):
 
     pytensor.config.floatX = "float32"
     info = machine_info()
+    if args.gpu:
+        from synkhronos._devices.gpu import visible_gpus
+
+        info["gpus"] = len(visible_gpus())
+        info["gpu_name"] = gpu_name()
     print_machine(info)
     cores = info["usable_cores"]
     print("(timings on a shared machine are noisy: blocks are interleaved and medians reported)\n")
     rng = np.random.default_rng(args.seed)
     notes = []
-    results = {"benchmark": "call_overhead", "machine": info, "settings": {
-        k: v for k, v in vars(args).items() if k != "out"}, "notes": notes}
 
     sessions = []
     if "a" in args.parts or "b" in args.parts:
         for n in args.ranks:
             print("running n=%d ranks ..." % n, flush=True)
             sessions.append(run_session(n, args, rng))
-    results["sessions"] = sessions
+    floor = pipe_floor(args.calls, args.repeats) if "a" in args.parts else None
+    results = make_payload(info, args, sessions, floor, None, notes)  # (c) comes below
 
     if "a" in args.parts:
-        floor = pipe_floor(args.calls, args.repeats)
-        results["pipe_round_trip_us_median"] = median(floor) * 1e6
         rows = []
+        target = results.get("target_a")
         for s in sessions:
             a = s["a"]
             mark = ""
-            if s["ranks"] == 2:
-                mark = "PASS" if a["overhead_us_median"] <= TARGET_OVERHEAD_US else "FAIL"
-                results["target_a"] = {"ranks": 2, "target_us": TARGET_OVERHEAD_US,
-                                       "overhead_us": a["overhead_us_median"], "pass": mark == "PASS",
-                                       "two_core_machine": cores == 2}
+            if target and s["ranks"] == target["ranks"]:
+                mark = "PASS" if target["pass"] else "FAIL"
             rows.append([s["ranks"], "%.1f" % a["plain_us_median"], "%.1f" % a["synk_us_median"],
                          "%.1f" % a["synk_us_p90"], "%.1f" % a["overhead_us_median"],
                          "yes" if s["ranks"] > cores else "", mark,
@@ -525,10 +564,8 @@ def main(argv=None):
 
     if "c" in args.parts:
         print("\nrunning (c) master memory ...", flush=True)
-        mem = memory_in_child(args, notes)
-        results["memory"] = mem
-        verdict = _memory_verdict(mem)
-        results["memory_pass"] = verdict
+        results = make_payload(info, args, sessions, floor, memory_in_child(args, notes), notes)
+        mem, verdict = results["memory"], results["memory_pass"]
 
         def fmt(v):
             return "n/a" if v is None else "%.1f" % v
@@ -544,7 +581,7 @@ def main(argv=None):
               % {True: "PASS", False: "FAIL", None: "not measured"}[verdict])
     for note in notes:
         print("note: " + note)
-    write_json(args.out or default_out(__file__), results)
+    write_results(args.out or default_out(__file__), results)
 
 
 if __name__ == "__main__":

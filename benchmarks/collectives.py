@@ -34,7 +34,7 @@ import os
 import time
 
 import numpy as np
-from _common import default_out, machine_info, median, print_machine, table, write_json
+from _common import default_out, gpu_name, machine_info, median, print_machine, table, write_results
 
 OPS = ("all_reduce", "all_reduce_split", "broadcast", "all_gather")
 TINY = np.zeros(1, dtype="float32")  # the variables' size when not being timed
@@ -238,6 +238,28 @@ def synk_collectives(n, sizes, iters, repeats, gather_calls, split=16):
         synk.close()
 
 
+def make_records(n, sizes, raw, synk_t):
+    """One results record per op and size from the timings ``{(op, nbytes):
+    (piped_s, synced_s)}`` of raw NCCL and synk on ``n`` GPUs."""
+    records = []
+    for op in OPS:
+        for nb in sizes:
+            piped, synced = raw[(op, nb)]
+            st, st_synced = synk_t[(op, nb)]
+            moved = nb * (n if op == "all_gather" else 1)
+            records.append(dict(op=op, mb=nb / 2**20, raw_ms=piped * 1e3, raw_synced_ms=synced * 1e3,
+                                synk_ms=st * 1e3, synk_synced_ms=st_synced * 1e3,
+                                raw_busbw=_busbw(op, n, moved, piped), synk_busbw=_busbw(op, n, moved, st),
+                                ratio=piped / st, ratio_synced=synced / st_synced))
+    return records
+
+
+def make_payload(info, settings, records, correct):
+    """The JSON results file's contents (``info["gpus"]``: the number of GPU ranks)."""
+    return {"benchmark": "collectives", "machine": info, "settings": settings, "results": records,
+            "correct": correct}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=None, help="GPU ranks (default: all)")
@@ -261,6 +283,7 @@ def main(argv=None):
     sizes = [int(float(mb) * 2**20) for mb in args.sizes_mb.split(",")]
     info = machine_info()
     info["gpus"] = n
+    info["gpu_name"] = gpu_name()
     print_machine(info)
     for name in ("iters", "repeats", "split"):
         if getattr(args, name) < 1:
@@ -272,22 +295,14 @@ def main(argv=None):
         p.error("--split %d does not divide %s MB into float32 parts" % (args.split, small[0]))
     raw = raw_nccl(n, gpus, sizes, args.iters, args.repeats, gather_calls, args.split)
     synk_t, ok = synk_collectives(n, sizes, args.iters, args.repeats, gather_calls, args.split)
-    rows, records = [], []
-    for op in OPS:
-        for nb in sizes:
-            piped, synced = raw[(op, nb)]
-            st, st_synced = synk_t[(op, nb)]
-            moved = nb * (n if op == "all_gather" else 1)
-            rec = dict(op=op, mb=nb / 2**20, raw_ms=piped * 1e3, raw_synced_ms=synced * 1e3,
-                       synk_ms=st * 1e3, synk_synced_ms=st_synced * 1e3,
-                       raw_busbw=_busbw(op, n, moved, piped), synk_busbw=_busbw(op, n, moved, st),
-                       ratio=piped / st, ratio_synced=synced / st_synced)
-            records.append(rec)
-            target = "" if nb < 64 * 2**20 else ("PASS" if rec["ratio"] >= 0.95 else "FAIL")
-            rows.append([op, "%g" % rec["mb"], "%.3f" % rec["raw_ms"], "%.3f" % rec["synk_ms"],
-                         "%.0f" % rec["raw_busbw"], "%.0f" % rec["synk_busbw"], "%.3f" % rec["ratio"],
-                         "%.3f" % rec["raw_synced_ms"], "%.3f" % rec["synk_synced_ms"],
-                         "%.2f" % rec["ratio_synced"], target])
+    records = make_records(n, sizes, raw, synk_t)
+    rows = []
+    for rec in records:
+        target = "" if rec["mb"] < 64 else ("PASS" if rec["ratio"] >= 0.95 else "FAIL")
+        rows.append([rec["op"], "%g" % rec["mb"], "%.3f" % rec["raw_ms"], "%.3f" % rec["synk_ms"],
+                     "%.0f" % rec["raw_busbw"], "%.0f" % rec["synk_busbw"], "%.3f" % rec["ratio"],
+                     "%.3f" % rec["raw_synced_ms"], "%.3f" % rec["synk_synced_ms"],
+                     "%.2f" % rec["ratio_synced"], target])
     print("\nprecision: not applicable (collectives move and add float32 values; no products)")
     print("\nCollectives on %d GPUs (busbw in GB/s).  Back to back: ms per call over %d calls "
           "with one synchronisation at the end.  Synced: median of calls each followed by a "
@@ -298,8 +313,7 @@ def main(argv=None):
           "per variable, in one NCCL group)" % args.split)
     print("values correct after the runs: %s" % ok)
     settings = dict(iters=args.iters, repeats=args.repeats, split=args.split)
-    write_json(args.out or default_out(__file__), {"machine": info, "settings": settings,
-                                                   "results": records, "correct": ok})
+    write_results(args.out or default_out(__file__), make_payload(info, settings, records, ok))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from _common import (  # noqa: E402
     print_machine,
     table,
     usable_cores,
-    write_json,
+    write_results,
 )
 
 SIZES = (784, 1024, 1024, 10)
@@ -329,7 +329,7 @@ def main(argv=None):
         "summary": summary,
         "runs": runs,
     }
-    write_json(args.out or default_out(__file__), results)
+    write_results(args.out or default_out(__file__), results)
 
 
 if __name__ == "__main__":

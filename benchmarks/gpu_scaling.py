@@ -20,7 +20,7 @@ import sys
 import time
 
 import numpy as np
-from _common import default_out, machine_info, median, print_machine, table, write_json
+from _common import default_out, gpu_name, machine_info, median, print_machine, table, write_results
 
 
 def _model(pt, pytensor, sizes, rng):
@@ -92,10 +92,16 @@ def child(args):
         ts.append(time.perf_counter() - t)
     if n:
         synk.close()
-    print("RESULT " + json.dumps({"n": n, "step_s": median(ts), "params": n_params}))
+    print("RESULT " + json.dumps(child_result(n, ts, n_params)))
 
 
-def main(argv=None):
+def child_result(n, step_times, n_params):
+    """What one child reports: ``n`` GPUs (0: plain JAX), median seconds per step."""
+    return {"n": n, "step_s": median(step_times), "params": n_params}
+
+
+def parse_args(argv=None):
+    """Command-line options (``--quick`` applied)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", default="784,8192,8192,10", help="MLP layer sizes")
     p.add_argument("--batch", type=int, default=32768, help="rows per step (all GPUs together)")
@@ -110,6 +116,26 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.layers, args.batch, args.steps = "784,1024,1024,10", 8192, 5
+    return args
+
+
+def make_payload(info, args, results, counts):
+    """The JSON results file's contents from the children's results ``{n: {"n",
+    "step_s", "params"}}`` (``n`` = 0: plain JAX on one GPU) for GPU counts ``counts``."""
+    plain = results[0]["step_s"]
+    records = []
+    for n in counts:
+        st = results[n]["step_s"]
+        speedup = plain / st
+        records.append(dict(n=n, step_ms=st * 1e3, rows_per_s=args.batch / st, speedup=speedup,
+                            efficiency=speedup / n))
+    return {"benchmark": "gpu_scaling", "machine": info, "layers": args.layers, "batch": args.batch,
+            "precision": args.precision, "params": results[0]["params"], "plain_step_ms": plain * 1e3,
+            "results": records}
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.child_n is not None:
         return child(args)
     from synkhronos._devices.gpu import visible_gpus
@@ -119,6 +145,7 @@ def main(argv=None):
     counts = [c for c in (1, 2, 4, 8) if c <= max_n]
     info = machine_info()
     info["gpus"] = gpus
+    info["gpu_name"] = gpu_name()
     print_machine(info)
     results = {}
     base = [sys.executable, os.path.abspath(__file__), "--layers", args.layers, "--batch", str(args.batch),
@@ -130,13 +157,10 @@ def main(argv=None):
             raise SystemExit("run with n=%d failed:\n%s\n%s" % (n, out.stdout[-2000:], out.stderr[-4000:]))
         results[n] = json.loads(line[0][7:])
     plain = results[0]["step_s"]
-    rows, records = [], []
-    for n in counts:
-        st = results[n]["step_s"]
-        speedup = plain / st
-        rec = dict(n=n, step_ms=st * 1e3, rows_per_s=args.batch / st, speedup=speedup,
-                   efficiency=speedup / n)
-        records.append(rec)
+    payload = make_payload(info, args, results, counts)
+    rows = []
+    for rec in payload["results"]:
+        n, speedup = rec["n"], rec["speedup"]
         target = "PASS" if n != 2 else ("PASS" if speedup >= 0.97 * n else "FAIL")
         rows.append([n, "%.2f" % rec["step_ms"], "%.0f" % rec["rows_per_s"], "%.2f" % speedup,
                      "%.3f" % rec["efficiency"], target if n == 2 else ""])
@@ -145,10 +169,7 @@ def main(argv=None):
     print("float32 products: synk precision=%r, plain JAX precision=%r"
           % (args.precision, args.precision))
     print(table(["GPUs", "ms/step", "rows/s", "speedup", "efficiency", ">=0.97n @2"], rows))
-    write_json(args.out or default_out(__file__),
-               {"machine": info, "layers": args.layers, "batch": args.batch, "precision": args.precision,
-                "plain_step_ms": plain * 1e3,
-                "results": records})
+    write_results(args.out or default_out(__file__), payload)
 
 
 if __name__ == "__main__":

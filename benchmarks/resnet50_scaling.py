@@ -26,7 +26,7 @@ import sys
 import time
 
 import numpy as np
-from _common import default_out, machine_info, median, print_machine, table, write_json
+from _common import default_out, gpu_name, machine_info, median, print_machine, table, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -123,9 +123,14 @@ def _time_steps(step, images, args, label, n, t0, finish, quiet=False):
         if not quiet:
             print("  %s, %d GPU(s): %.0f images/s (median of %d steps; setup and warm-up %.0f s; "
                   "last loss %.3f)" % (label, n, median(rates), args.steps, ready, loss), flush=True)
-        return dict(images_per_s=median(rates), rates=rates, setup_s=ready, last_loss=loss)
+        return child_result(rates, ready, loss)
     finally:
         finish()
+
+
+def child_result(rates, setup_s, last_loss):
+    """What one setting reports: images/s of each timed step and their median."""
+    return dict(images_per_s=median(rates), rates=rates, setup_s=setup_s, last_loss=last_loss)
 
 
 def _run_child(kind, n, argv, timeout):
@@ -143,7 +148,8 @@ def _run_child(kind, n, argv, timeout):
     return json.loads(line[0][7:])
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", default=None, help="comma-separated GPU counts (default: 1,2,4,8 up to all)")
     p.add_argument("--batch-size", type=int, default=64, help="images per GPU per step")
@@ -158,7 +164,31 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=900, help="seconds per setting")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
     p.add_argument("--_child", dest="child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def make_payload(info, args, ns, results):
+    """The JSON results file's contents from each setting's ``child_result``
+    (``results[(kind, n)]``, kind "synk" or "ddp"; None where a run failed)."""
+
+    def rate(kind, n):
+        r = results.get((kind, n))
+        return None if r is None else r["images_per_s"]
+
+    records = []
+    for n in ns:
+        s, d = rate("synk", n), rate("ddp", n)
+        s1, d1 = rate("synk", ns[0]), rate("ddp", ns[0])
+        eff = None if s is None or s1 is None else s / s1 / (n / ns[0])
+        d_eff = None if d is None or d1 is None else d / d1 / (n / ns[0])
+        records.append(dict(gpus=n, synk_images_per_s=s, ddp_images_per_s=d, synk_efficiency=eff,
+                            ddp_efficiency=d_eff, synk_over_ddp=None if s is None or not d else s / d,
+                            synk=results.get(("synk", n)), ddp=results.get(("ddp", n))))
+    return {"benchmark": "resnet50_scaling", "machine": info, "args": vars(args), "results": records}
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.child is not None:
         kind, n = args.child.split(":")
         fn = synk_child if kind == "synk" else ddp_child
@@ -172,29 +202,19 @@ def main(argv=None):
     ns = [int(g) for g in args.gpus.split(",")] if args.gpus else [g for g in (1, 2, 4, 8) if g <= available]
     info = machine_info()
     info["gpus"] = available
+    info["gpu_name"] = gpu_name()
     print_machine(info)
     passed = list(argv if argv is not None else sys.argv[1:])
     results = {}
     for n in ns:
         for kind in ("synk",) + (() if args.skip_ddp else ("ddp",)):
             results[(kind, n)] = _run_child(kind, n, passed, args.timeout)
-    rows, records = [], []
-
-    def rate(kind, n):
-        r = results.get((kind, n))
-        return None if r is None else r["images_per_s"]
-
-    for n in ns:
-        s, d = rate("synk", n), rate("ddp", n)
-        s1, d1 = rate("synk", ns[0]), rate("ddp", ns[0])
-        eff = None if s is None or s1 is None else s / s1 / (n / ns[0])
-        d_eff = None if d is None or d1 is None else d / d1 / (n / ns[0])
-        records.append(dict(gpus=n, synk_images_per_s=s, ddp_images_per_s=d, synk_efficiency=eff,
-                            ddp_efficiency=d_eff, synk_over_ddp=None if s is None or not d else s / d,
-                            synk=results.get(("synk", n)), ddp=results.get(("ddp", n))))
-        rows.append([n] + ["-" if v is None else fmt % v for v, fmt in
-                           ((s, "%.0f"), (eff, "%.3f"), (d, "%.0f"), (d_eff, "%.3f"),
-                            (None if s is None or not d else s / d, "%.2f"))])
+    payload = make_payload(info, args, ns, results)
+    records = payload["results"]
+    rows = [[r["gpus"]] + ["-" if v is None else fmt % v for v, fmt in
+                           ((r["synk_images_per_s"], "%.0f"), (r["synk_efficiency"], "%.3f"),
+                            (r["ddp_images_per_s"], "%.0f"), (r["ddp_efficiency"], "%.3f"),
+                            (r["synk_over_ddp"], "%.2f"))] for r in records]
     label = {"highest": "full fp32", "tf32": "TF32"}[args.precision]
     print("\nResNet (blocks %s), fp32 values, batch %d per GPU, %d px: images/s (median of %d steps)"
           % (args.blocks, args.batch_size, args.image_size, args.steps))
@@ -202,7 +222,7 @@ def main(argv=None):
           "(allow_tf32=%s for cuBLAS and cuDNN)" % (label, args.precision, label, args.precision == "tf32"))
     print(table(["GPUs", "synk img/s", "synk efficiency", "DDP img/s", "DDP efficiency", "synk/DDP"], rows))
     print("targets: synk efficiency >= 0.97 at 2 GPUs; synk/DDP >= 0.9 on 1 GPU")
-    write_json(args.out or default_out(__file__), {"machine": info, "args": vars(args), "results": records})
+    write_results(args.out or default_out(__file__), payload)
     return records
 
 

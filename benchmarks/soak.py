@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import default_out, machine_info, print_machine, table, write_json  # noqa: E402
+from _common import default_out, gpu_name, machine_info, print_machine, table, write_results  # noqa: E402
 
 ROWS, COLS, OUT = 4096, 16, 8
 BATCH_SIZES = (64, 256)  # a few shapes only: JAX traces once per shape
@@ -129,7 +129,7 @@ class _Session:
         return 8
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=100000)
     ap.add_argument("--collectives", type=int, default=10000)
@@ -138,17 +138,19 @@ def main():
     ap.add_argument("--gpu", action="store_true", help="GPU workers (one rank per GPU)")
     ap.add_argument("--quick", action="store_true", help="2000 calls, 400 collectives")
     ap.add_argument("--out", default=default_out(__file__))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.quick:
         args.calls, args.collectives = 2000, 400
     info = machine_info()
+    if args.gpu:
+        info["gpu_name"] = gpu_name()
     print_machine(info)
     session = _Session(args)
     synk = session.synk
     device = synk._runtime.current().device
+    precision = getattr(device, "precision", "n/a") if args.gpu else "float32 (CPU)"
     print("%d %s ranks; %d calls, %d collectives; precision %s"
-          % (session.n, device.name.upper(), args.calls, args.collectives,
-             getattr(device, "precision", "n/a") if args.gpu else "float32 (CPU)"))
+          % (session.n, device.name.upper(), args.calls, args.collectives, precision))
 
     warmup = max(1, args.calls // 50)
     marks = set(np.linspace(warmup, args.calls, 11).astype(int))
@@ -182,10 +184,11 @@ def main():
     print("%d calls (%d updates) and %d collectives in %.1f s: %.0f calls/s overall; %d results checked, "
           "all equal to numpy" % (args.calls, counts["update"], coll_done, elapsed, args.calls / elapsed,
                                   counts["checked"] + cycle))
-    write_json(args.out, {"machine": info, "args": vars(args), "ranks": session.n, "device": device.name,
-                          "calls": args.calls, "collectives": coll_done, "seconds": elapsed,
-                          "checked_calls": counts["checked"], "checked_collective_cycles": cycle,
-                          "samples": samples})
+    write_results(args.out, {"benchmark": "soak", "machine": info, "args": vars(args), "ranks": session.n,
+                             "device": device.name, "precision": precision,
+                             "calls": args.calls, "collectives": coll_done, "seconds": elapsed,
+                             "checked_calls": counts["checked"], "checked_collective_cycles": cycle,
+                             "samples": samples})
 
 
 if __name__ == "__main__":

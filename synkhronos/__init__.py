@@ -10,6 +10,7 @@ Build graphs with PyTensor as usual, call ``synkhronos.function`` instead of
     r = f(synk.data(x_dat), synk.data(y_dat))
 """
 
+from . import _log
 from ._api import close, distribute, fork, synchronize
 from ._collectives import (
     all_gather,
@@ -28,6 +29,8 @@ from ._function import Function, function
 from .exceptions import StallError, WorkerError
 
 __version__ = "0.2.0"
+
+_log.configure()  # raises for a malformed SYNKHRONOS_LOG_LEVEL
 
 __all__ = [
     "fork",

@@ -1,5 +1,6 @@
 """Starting and stopping Synkhronos: ``fork``, ``distribute``, ``close``."""
 
+import logging
 import math
 import numbers
 import time
@@ -8,6 +9,8 @@ from . import _runtime
 from ._protocol import Command
 
 __all__ = ["fork", "distribute", "close", "synchronize"]
+
+logger = logging.getLogger(__name__)
 
 
 def _check_int(value, argname, low):
@@ -26,8 +29,8 @@ def _default_float32():
     param = pytensor.config._config_var_dict["floatX"]
     if param.is_default and pytensor.config.floatX == param.default and param.default != "float32":
         pytensor.config.floatX = "float32"
-        print("Synkhronos: set pytensor.config.floatX = 'float32' (choose floatX explicitly, "
-              "e.g. PYTENSOR_FLAGS=floatX=float64, to keep another)", flush=True)
+        logger.info("Synkhronos: set pytensor.config.floatX = 'float32' (choose floatX explicitly, "
+                    "e.g. PYTENSOR_FLAGS=floatX=float64, to keep another)")
 
 
 _PRECISIONS = ("highest", "tf32")
@@ -87,6 +90,12 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     int64 and float64 values in 32 bits on the device; function outputs are
     returned in the dtypes of the graph, as on CPU workers.
 
+    Status lines go to the ``synkhronos`` logger, at INFO, which prints them to
+    stderr unless the application configured logging itself (then its handlers
+    get them, once).  ``logging.getLogger("synkhronos").setLevel(logging.WARNING)``
+    or the environment variable ``SYNKHRONOS_LOG_LEVEL=WARNING`` silences them.
+    Workers log at the level this logger has when ``fork`` starts them.
+
     Returns
     -------
     int
@@ -121,11 +130,13 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     device.setup_master(master_rank)
     _default_float32()
     device.configure_jax()
-    print("Synkhronos attempting to use %d of %d detected %s..." % (n, available, device.label), flush=True)
+    logger.info("Synkhronos attempting to use %d of %d detected %s...", n, available, device.label)
+    t0 = time.monotonic()
     _runtime.start(n, master_rank, device, bool(profile_workers), timeout)
-    print("Synkhronos: %d %s initialized, master rank: %d%s"
-          % (n, "CPU workers" if device.name == "cpu" else "GPUs", master_rank,
-             ", " + device.status if device.status else ""), flush=True)
+    logger.info("Synkhronos: %d %s initialized, master rank: %d%s",
+                n, "CPU workers" if device.name == "cpu" else "GPUs", master_rank,
+                ", " + device.status if device.status else "")
+    logger.debug("fork: %d ranks started in %.2f s", n, time.monotonic() - t0)
     return n
 
 
@@ -147,10 +158,10 @@ def distribute():
         no longer hold the same functions.
     """
     rt = _runtime.require(distributed=False)
-    print("Synkhronos distributing functions...", flush=True)
+    logger.info("Synkhronos distributing functions...")
     t0 = time.monotonic()
     rt.distribute()
-    print("...distribution complete (%.0f s)." % (time.monotonic() - t0), flush=True)
+    logger.info("...distribution complete (%.0f s).", time.monotonic() - t0)
 
 
 def close():

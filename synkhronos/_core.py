@@ -8,6 +8,7 @@ together at ``distribute()``, so the shared variables of all functions keep thei
 correspondence in every worker.
 """
 
+import contextlib
 import copy
 import copyreg
 import io
@@ -25,7 +26,40 @@ from ._plan import (
 )
 from ._reduce import Accumulator
 
-__all__ = ["FunctionCore", "compile_function", "dumps_cores", "is_jax_mode", "reseed_generators"]
+__all__ = ["FunctionCore", "compile_function", "dumps_cores", "is_jax_mode", "reseed_generators",
+           "compiler_warnings_hidden"]
+
+# JAX, when PyTensor's JAX backend asks it for an int64 or float64 value (index
+# arithmetic, float64 accumulators of float32 sums) in 32-bit mode.
+JAX_DTYPE_WARNING = "Explicitly requested dtype (int64|float64|uint64) requested in .* is not available"
+
+
+@contextlib.contextmanager
+def compiler_warnings_hidden(linker=None):
+    """Hide the warnings that PyTensor's backends raise while they compile a
+    function, about code PyTensor generates, which a user cannot act on: the
+    JAX backend's copies of random generators (see ``compile_function``) and
+    JAX's 32-bit dtypes (``JAX_DTYPE_WARNING``).
+
+    For compiling only: ``warnings.catch_warnings`` swaps the process's filters
+    while the block runs, which costs microseconds and is not thread-safe, so
+    calls go through it only when JAX traces them (see ``FunctionCore.variant``).
+
+    Parameters
+    ----------
+    linker : pytensor Linker, optional
+        The linker that compiles the function.
+    """
+    if type(linker).__name__ == "NumbaLinker":
+        # PyTensor hides Numba's false warnings about its generated code ("np.dot() is
+        # faster on contiguous arrays" for its transposes, numba/numba#10086) with a
+        # process-wide filter that it installs when its Numba backend is first imported.
+        # Imported inside catch_warnings, that filter would end with the block.
+        import pytensor.link.numba.dispatch  # noqa: F401
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The RandomType SharedVariables", category=UserWarning)
+        warnings.filterwarnings("ignore", message=JAX_DTYPE_WARNING, category=UserWarning)
+        yield
 
 
 class FunctionCore:
@@ -69,6 +103,8 @@ class FunctionCore:
         self.index_only = is_jax_mode(kwargs.get("mode"))
         self.full_subset = tuple(range(len(outputs)))
         self._variants = {(self.full_subset, False, None): plain}
+        # What ``variant`` returns, by key: the compiled function, wrapped for JAX.
+        self._callables = {}
 
     @property
     def plain(self):
@@ -79,6 +115,7 @@ class FunctionCore:
         # Only the plain function travels; the others are re-made where needed.
         key = (self.full_subset, False, None)
         state["_variants"] = {key: self._variants[key]}
+        state["_callables"] = {}
         return state
 
     # ------------------------------------------------------------------ variants
@@ -86,7 +123,23 @@ class FunctionCore:
         """The compiled function for an output ``subset`` (tuple of indices),
         with updates returned as outputs when ``accumulate``, and the sliceable
         shared variables indexed by a slice or an index vector (``share_kind``
-        ``'slice'``/``'index'``/None)."""
+        ``'slice'``/``'index'``/None), to call.
+
+        JAX traces and compiles a function when it is called with new argument
+        shapes, and then warns about dtypes of PyTensor's code: for JAX-mode
+        functions this returns a wrapper that hides those warnings on such
+        calls only (``compiler_warnings_hidden``)."""
+        key = (subset, accumulate, share_kind)
+        fn = self._callables.get(key)
+        if fn is None:
+            fn = self.compiled(subset, accumulate, share_kind)
+            if self.index_only:
+                fn = _hiding_on_new_shapes(fn)
+            self._callables[key] = fn
+        return fn
+
+    def compiled(self, subset, accumulate, share_kind):
+        """The PyTensor function of a ``variant``, compiled now if needed."""
         key = (subset, accumulate, share_kind)
         fn = self._variants.get(key)
         if fn is None:
@@ -118,11 +171,14 @@ class FunctionCore:
         return compile_function(ins, outs, updates=updates, givens=givens, **kwargs)
 
     def prepare(self, subset, num_slices, share_sel):
-        """Compile the variant a call with these arguments will most likely use."""
+        """Compile the variant a call with these arguments will most likely use;
+        returns its key ``(subset, accumulate, share_kind)``."""
         if num_slices > 1 and (self.n_scatter or self.sliceable):
-            self.variant(subset, bool(self.updates), self._sliced_kind(share_sel))
+            key = subset, bool(self.updates), self._sliced_kind(share_sel)
         else:
-            self.variant(subset, False, self._share_args(share_sel, None)[0])
+            key = subset, False, self._share_args(share_sel, None)[0]
+        self.compiled(*key)
+        return key
 
     def _sliced_kind(self, share_sel):
         if not self.sliceable:
@@ -277,15 +333,33 @@ class FunctionCore:
         return [_combine_slices(acc) for acc in out_accs]
 
 
+def _hiding_on_new_shapes(fn):
+    """``fn`` (a JAX-mode function), called inside ``compiler_warnings_hidden``
+    when its arguments have shapes it has not seen: then JAX traces it again.
+    Checking shapes costs far less than ``catch_warnings`` on every call."""
+    seen = set()
+
+    def call(*args, **kwargs):
+        shapes = tuple(getattr(a, "shape", None) for a in args)
+        if shapes in seen:
+            return fn(*args, **kwargs)
+        with compiler_warnings_hidden():
+            result = fn(*args, **kwargs)
+        seen.add(shapes)
+        return result
+
+    return call
+
+
 def compile_function(inputs, outputs, **kwargs):
     """``pytensor.function(inputs, outputs, **kwargs)``, without the JAX backend's
     warning that a function uses a copy of each random generator: Synkhronos
     reseeds those copies per rank (``reseed_generators``), and the README says
     that the shared generator itself does not advance."""
     import pytensor
+    from pytensor.compile.mode import get_mode
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The RandomType SharedVariables", category=UserWarning)
+    with compiler_warnings_hidden(get_mode(kwargs.get("mode")).linker):
         return pytensor.function(inputs, outputs, **kwargs)
 
 
@@ -375,8 +449,7 @@ def _load_function(maker, input_storage, inputs_data, trust_input=False):
     arrays), and comparing dicts of arrays raises.  (See ``compile_function``
     for the backend's warning about that copy.)"""
     del inputs_data
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The RandomType SharedVariables", category=UserWarning)
+    with compiler_warnings_hidden(maker.linker):
         fn = maker.create(input_storage)
     fn.trust_input = trust_input
     return fn

@@ -1,10 +1,12 @@
 """``synk.function()``: PyTensor functions that run data-parallel on all ranks."""
 
+import logging
 import numbers
+import time
 
 import numpy as np
 
-from . import _runtime
+from . import _log, _runtime
 from ._core import FunctionCore, compile_function, is_jax_mode
 from ._data import Data, data
 from ._exchange import receive
@@ -21,6 +23,8 @@ from ._protocol import Command
 from ._reduce import check_op, reduce_values
 
 __all__ = ["function", "Function"]
+
+logger = logging.getLogger(__name__)
 
 
 def _is_variable(v):
@@ -175,8 +179,11 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         from ._jax_shapes import jax_mode
 
         kwargs["mode"] = jax_mode(kwargs["mode"])  # shapes computed from shapes stay concrete
+    t0 = time.monotonic()
     plain = compile_function(scat + bcast, list(out_vars), updates=update_pairs,
                              givens=given_pairs, **kwargs)
+    logger.debug("function %s built by PyTensor in %.2f s (%s)", repr(plain.name) if plain.name
+                 else "#%d" % len(rt.functions), time.monotonic() - t0, type(plain.maker.linker).__name__)
     core = FunctionCore(len(rt.functions), plain, scat + bcast, len(scat), out_vars, out_modes,
                         update_pairs, update_modes, given_pairs, sliceable, kwargs)
     fn = Function(core, single, rt)
@@ -216,7 +223,9 @@ class Function:
         self._names = names
         self._reshaped = None
         name = core.plain.name
-        self._label = "call of function %s" % (repr(name) if name else "#%d" % core.ID)
+        self._what = "function %s" % (repr(name) if name else "#%d" % core.ID)
+        self._label = "call of " + self._what
+        self._ran = set()  # variants that have run on every rank (their first call compiled them)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -309,7 +318,8 @@ class Function:
         or ``Data``."""
         args = [a.data if isinstance(a, Data) else a for a in args]
         kwargs = {k: (v.data if isinstance(v, Data) else v) for k, v in kwargs.items()}
-        results = self._core.plain(*args, **kwargs)
+        core = self._core
+        results = core.variant(core.full_subset, False, None)(*args, **kwargs)
         return results[0] if self._single else results
 
     as_pytensor = as_theano
@@ -448,20 +458,31 @@ class Function:
 
         # Compile a new variant here first: workers then load it from PyTensor's warm cache
         # instead of each compiling it at once.
-        core.prepare(subset, num_slices, share_sels[m])
+        key = core.prepare(subset, num_slices, share_sels[m])
+        # Numba and JAX compile on a function's first call, on every rank: say so if it takes long.
+        first = key not in self._ran
+        notice = _log.compile_notice(self._what, core.compiled(*key), rt.n_parallel) if first else None
         # Queued devices: a call with nothing to return and no Data to read (which
         # the user may overwrite once the call returns) need not wait for the workers.
         posted = rt.device.queued and not subset and not ordered
         rt.action = self._label
+        failed = True
         try:
             if posted:
                 rt.post(Command.CALL, payloads, local=local, binding=False)
+                failed = False
                 return []
             mine, replies = rt.request(Command.CALL, payloads, local=local)
+            failed = False
         finally:
             rt.action = None
             for i in self._reshaped_ids(rt):
                 rt.shapes.pop(i, None)
+            if first:
+                if notice is not None:
+                    notice.close(failed)
+                if not failed:
+                    self._ran.add(key)
         if specs is not None:
             results = self._take_reduced(rt, specs, mine, replies)
         else:

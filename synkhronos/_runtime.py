@@ -8,6 +8,7 @@ import collections
 import contextlib
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ import time
 import weakref
 from multiprocessing.connection import Connection
 
-from . import _shmem, _stacks
+from . import _log, _shmem, _stacks
 from ._core import dumps_cores, reseed_generators
 from ._devices import cpu
 from ._exchange import ExchangeBuffer
@@ -34,6 +35,8 @@ _EXIT_TIMEOUT = 5.0
 _MAX_OWED = 64  # posted commands a worker may be behind before post() waits for a reply
 
 _runtime = None
+
+logger = logging.getLogger(__name__)
 
 
 def current():
@@ -208,6 +211,8 @@ class Runtime:
             # function it generates there) go to a private directory that close()
             # removes; mode 0700, so no other user can read or plant files in it.
             self.tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
+        log_level = _log.worker_level()
+        t0 = time.monotonic()
         for rank in self.worker_ranks:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             env = dict(os.environ)
@@ -217,7 +222,7 @@ class Runtime:
                 rank=rank, fd=theirs.fileno(), token=self.token, n_parallel=self.n_parallel,
                 master_rank=self.master_rank, device=self.device.name,
                 profile=bool(self.profile_workers), profile_dir=tempfile.gettempdir(),
-                tmpdir=self.tmpdir, sys_path=path, spin=self.spin,
+                tmpdir=self.tmpdir, sys_path=path, spin=self.spin, log_level=log_level,
             ))
             if flags:
                 extra = ",".join("%s=%s" % kv for kv in flags.items())
@@ -230,15 +235,19 @@ class Runtime:
             finally:
                 theirs.close()
             self.workers[rank] = _Worker(rank, proc, Connection(ours.detach()), self.spin)
+            logger.debug("worker rank %d started (pid %d)", rank, proc.pid)
         deadline = time.monotonic() + _READY_TIMEOUT
         for w in self.workers.values():
             self._await_ready(w, deadline)
+            logger.debug("worker rank %d ready after %.2f s", w.rank, time.monotonic() - t0)
         if self.device.nccl:
             uid = self.device.new_uid()
             m = self.master_rank
             self.request(Command.NCCL_INIT, uid,
                          local=lambda: self.device.init_comm(self.n_parallel, m, uid))
             self.device.wait_hook = self.check_posted
+            logger.debug("NCCL communicator of %d ranks ready after %.2f s", self.n_parallel,
+                         time.monotonic() - t0)
 
     def _await_ready(self, w, deadline):
         while True:
@@ -494,8 +503,11 @@ class Runtime:
 
     # ----------------------------------------------------------------- lifecycle
     def distribute(self):
+        t0 = time.monotonic()
         cores = self.functions_cores()
         payload = dumps_cores((cores, self.shareds))
+        logger.debug("distribute: %d functions and %d shared variables pickled (%.1f MB) in %.2f s",
+                     len(cores), len(self.shareds), len(payload) / 1e6, time.monotonic() - t0)
 
         def local():
             reseed_generators(self.shareds, cores, self.master_rank)
@@ -509,6 +521,8 @@ class Runtime:
             # be trusted, and distribute() cannot simply run again.
             self._fail_closed()
             raise
+        logger.debug("distribute: every rank loaded the functions %.2f s after pickling began",
+                     time.monotonic() - t0)
         if self.device.nccl:
             self.device.numpy_interface(self.shareds, on_set=self.forget_shape,
                                         before_get=self._settle_if_open)
@@ -553,6 +567,7 @@ class Runtime:
         if self.closed:
             return
         self.closed = True
+        t0 = time.monotonic()
         with _sigint_deferred():
             self._stop_workers(failed)
             for data in list(self.datas.values()):
@@ -564,6 +579,7 @@ class Runtime:
             _shmem.unlink_session(self.token)
             if self.tmpdir is not None:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
+        logger.debug("closed%s in %.2f s", " after a failure" if failed else "", time.monotonic() - t0)
 
     def _stop_workers(self, failed):
         for w in self.workers.values():

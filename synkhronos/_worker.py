@@ -18,6 +18,7 @@ carrying it out: ``hang`` sleeps forever, ``raise`` raises RuntimeError,
 
 import faulthandler
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -26,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import _shmem, _stacks
+from . import _log, _shmem, _stacks
 from ._core import reseed_generators
 from ._exchange import ExchangeBuffer, receive
 from ._plan import take_rows
@@ -36,6 +37,8 @@ _WATCH_S = 0.5  # how often a worker checks that its master is alive
 FAULT_ENV = "SYNKHRONOS_FAULT"
 
 __all__ = ["main"]
+
+logger = logging.getLogger(__name__)
 
 
 class _WorkerState:
@@ -81,6 +84,7 @@ def _import_pytensor():
 
 def _distribute(state, payload):
     flags, blob = payload
+    t0 = time.monotonic()
     state._importer.join()
     import pytensor
 
@@ -91,6 +95,8 @@ def _distribute(state, payload):
     state.cores, state.shareds = pickle.loads(blob)
     reseed_generators(state.shareds, state.cores, state.rank)
     state.device.place_shareds(state.shareds)
+    logger.debug("worker rank %d: loaded %d functions and %d shared variables in %.2f s", state.rank,
+                 len(state.cores), len(state.shareds), time.monotonic() - t0)
 
 
 def _call(state, payload):
@@ -237,6 +243,7 @@ def main():
 
     config = json.loads(os.environ.pop("SYNK_WORKER"))
     rank, token, tmpdir = config["rank"], config["token"], config["tmpdir"]
+    _log.set_level(config["log_level"])  # the master's, which may differ from SYNKHRONOS_LOG_LEVEL
     stack_file = _stacks.enable(tmpdir, rank)
     threading.Thread(target=_watch_master, args=(os.getppid(), token, tmpdir), daemon=True,
                      name="synkhronos-watchdog").start()
@@ -250,6 +257,7 @@ def main():
         profiler = cProfile.Profile()
         profiler.enable()
     conn.send(ok(os.getpid()))
+    logger.debug("worker rank %d (pid %d) ready", rank, os.getpid())
     orderly = False
     try:
         orderly = _serve(Receiver(conn, state.spin), state, faults)
@@ -259,7 +267,7 @@ def main():
             name = "synkhronos_worker_%d_%d.prof" % (rank, os.getpid())
             path = os.path.join(config["profile_dir"], name)
             profiler.dump_stats(path)
-            print("Synkhronos worker rank %d profile written to %s" % (rank, path), file=sys.stderr)
+            logger.info("Synkhronos worker rank %d profile written to %s", rank, path)
         state.close()
         if not orderly:
             # The master died without closing: nobody else will clean up.

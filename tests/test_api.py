@@ -42,15 +42,16 @@ def test_compat_module_names():
     assert Data is synk.Data and Function is synk.Function
 
 
-def test_status_lines_lifecycle_and_refork(capsys):
+def test_status_lines_lifecycle_and_refork(caplog):
+    caplog.set_level("INFO", logger="synkhronos")  # status lines are log records (tests/test_logging.py)
     assert synk.fork(2, use_gpu=False, max_n_var=10, max_dim=4) == 2
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "Synkhronos attempting to use 2 of" in out
     assert "Synkhronos: 2 CPU workers initialized, master rank: 0" in out
     with pytest.raises(RuntimeError, match="already forked"):
         synk.fork(2, use_gpu=False)
     synk.distribute()
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "Synkhronos distributing functions..." in out and "...distribution complete (" in out
     synk.close()
     synk.close()  # idempotent

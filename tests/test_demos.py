@@ -26,6 +26,7 @@ def test_demo(number, n):
     proc = run_demo(number, "--n", str(n))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "passed" in proc.stdout, proc.stdout + proc.stderr
+    assert "Warning" not in proc.stderr, proc.stderr
 
 
 _HAS_GPUS = gpu_stack_available() and bool(visible_gpus())

@@ -25,6 +25,39 @@ def test_reaches_95_percent(model, pattern, epochs):
     assert float(summary.group(1)) >= 0.95
 
 
+def test_quiet_says_compiling_and_plots(tmp_path):
+    """The README's command, shortened to one epoch, in the default (Numba) mode:
+    no warning on stderr, the first calls say that they compile (at once here:
+    on a warm cache they would be too quick to mention), and ``--plot`` writes a PNG."""
+    env = dict(os.environ, SYNKHRONOS_COMPILE_NOTICE_S="0")
+    for name in ("PYTENSOR_FLAGS", "SYNKHRONOS_LOG_LEVEL"):
+        env.pop(name, None)
+    png = tmp_path / "curves.png"
+    proc = subprocess.run([sys.executable, str(DEMO), "--n", "2", "--epochs", "2", "--plot", str(png)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Warning" not in proc.stderr, proc.stderr
+    said = ("Synkhronos: compiling function 'train_step (gradient)' on its first call, on 2 ranks (Numba: "
+            "can take a minute on a cold cache; later runs reuse PyTensor's cache in ")
+    assert said in proc.stderr, proc.stderr
+    assert "...function 'train_step (gradient)' compiled in " in proc.stderr
+    assert "Synkhronos distributing functions..." in proc.stderr and "Synkhronos" not in proc.stdout
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "Curves written to %s" % png in proc.stdout
+
+
+def test_plot_without_matplotlib_fails_early(tmp_path):
+    blocker = tmp_path / "matplotlib.py"  # shadows the real package
+    blocker.write_text("raise ImportError('no matplotlib here')\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
+    proc = subprocess.run([sys.executable, str(DEMO), "--plot", str(tmp_path / "c.png")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--plot needs matplotlib: pip install matplotlib" in proc.stderr, proc.stderr
+    assert "Synkhronos" not in proc.stderr  # before forking
+
+
 def test_help():
     proc = subprocess.run([sys.executable, str(DEMO), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--data-dir" in proc.stdout and "--pattern" in proc.stdout

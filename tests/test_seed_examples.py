@@ -67,7 +67,7 @@ print("gathered s after all-reduce:", gathered_s.tolist())
 """
 
 
-def run(script, tmp_path, flags="mode=FAST_COMPILE"):
+def run(script, tmp_path, flags="mode=FAST_COMPILE", stderr=False):
     path = tmp_path / "example.py"
     path.write_text(textwrap.dedent(script))
     env = dict(os.environ)
@@ -77,14 +77,15 @@ def run(script, tmp_path, flags="mode=FAST_COMPILE"):
     proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300,
                           env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return (proc.stdout, proc.stderr) if stderr else proc.stdout
 
 
 def test_introductory_example(tmp_path):
     # PyTensor's default (Numba) linker: workers re-link the pickled functions.
-    out = run(INTRO, tmp_path, flags=None)
-    assert "Synkhronos attempting to use 2 of 2 detected CPU cores..." in out or "detected CPU" in out
-    assert "...distribution complete (" in out
+    out, err = run(INTRO, tmp_path, flags=None, stderr=True)
+    # Status lines are log records, on stderr (tests/test_logging.py).
+    assert "Synkhronos attempting to use 2 of 2 detected CPU cores..." in err or "detected CPU" in err
+    assert "...distribution complete (" in err
     assert out.strip().endswith("All assertions passed.")
 
 

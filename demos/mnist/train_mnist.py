@@ -11,11 +11,16 @@ Two data patterns, as the original Synkhronos demos describe:
 Data: MNIST IDX files from ``--data-dir`` (``train-images-idx3-ubyte`` etc., or
 ``.gz``); without it, scikit-learn's bundled 8x8 digits (1797 real handwritten
 digits, no download).  Validation and test accuracy come from one call each with
-``num_slices``.
+``num_slices``.  ``--plot curves.png`` draws the loss and accuracy per epoch.
+
+The first epoch compiles the functions (Synkhronos says so on stderr when that
+takes a while); later runs load them from PyTensor's cache.  Status lines go
+through ``logging``: ``SYNKHRONOS_LOG_LEVEL=WARNING`` silences them.
 """
 
 import argparse
 import gzip
+import logging
 import os
 import struct
 import time
@@ -24,6 +29,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 import synkhronos as synk
 from synkhronos.extensions import nnet, train, updates
@@ -113,6 +119,30 @@ def build_cnn(side, n_out, rng):
     return [w1, w2, w3, b3], log_probs
 
 
+def plot_curves(path, history, test_acc, title):
+    """Write the loss and accuracy per epoch (``history``: lists by key) to the PNG ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    epochs = np.arange(1, len(history["train_loss"]) + 1)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    ax_loss.plot(epochs, history["train_loss"], "o-", ms=3, label="train (mean over the epoch's steps)")
+    ax_loss.set(title="Loss (cross-entropy)", xlabel="epoch", ylabel="loss", yscale="log")
+    ax_acc.plot(epochs, history["train_acc"], "o-", ms=3, label="train (end of epoch)")
+    ax_acc.plot(epochs, history["val_acc"], "s-", ms=3, label="validation")
+    ax_acc.axhline(test_acc, color="k", ls="--", lw=1, label="test, after training: %.4f" % test_acc)
+    ax_acc.set(title="Accuracy", xlabel="epoch", ylabel="fraction correct")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", default=None,
@@ -127,7 +157,14 @@ def main(argv=None):
     p.add_argument("--rule", choices=sorted(RULES), default="adam")
     p.add_argument("--learning-rate", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="write the loss and accuracy curves to this PNG file (needs matplotlib)")
     args = p.parse_args(argv)
+    if args.plot:  # fail now, not after training
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install matplotlib")
 
     n = synk.fork(args.n, use_gpu=args.gpu)
     rng = np.random.default_rng(args.seed)
@@ -150,37 +187,47 @@ def main(argv=None):
                                      rule=RULES[args.rule], learning_rate=args.learning_rate,
                                      sliceable_shareds=[sx, sy])
     correct = pt.eq(log_probs(x).argmax(axis=1), y.argmax(axis=1)).mean()
-    accuracy = synk.function([x, y], outputs=correct)  # "avg" weighs ranks by rows: exact
+    accuracy = synk.function([x, y], outputs=correct, name="accuracy")  # "avg" weighs ranks by rows: exact
     synk.distribute()
 
     d_va = (synk.data(x_va), synk.data(onehot[y_va]))
     d_te = (synk.data(x_te), synk.data(onehot[y_te]))
-    if args.pattern == "cpu_data":
-        d_x, d_y = synk.data(x_tr), synk.data(onehot[y_tr])
-    else:
+    d_x, d_y = synk.data(x_tr), synk.data(onehot[y_tr])  # gpu_data: for the training accuracy only
+    if args.pattern == "gpu_data":
         synk.scatter([sx, sy], [x_tr, onehot[y_tr]])  # once; each rank keeps its part
         local = synk.get_lengths(sx)
     steps_per_epoch = max(1, len(x_tr) // args.batch_size)
     print("%s: %d train / %d val / %d test rows, %d ranks, %s, pattern %s, rule %s"
           % (name, len(x_tr), len(x_va), len(x_te), n, args.model, args.pattern, args.rule))
     t0 = time.time()
-    bar = tqdm(range(args.epochs), desc="epochs", unit="epoch")
-    for _ in bar:
-        losses = []
-        order = rng.permutation(len(x_tr))
-        for s in range(steps_per_epoch):
-            if args.pattern == "cpu_data":
-                idx = order[s * args.batch_size:(s + 1) * args.batch_size]
-                losses.append(float(step(d_x, d_y, batch=idx)))
-            else:  # each rank draws its share of the batch from its own rows
-                per_rank = max(1, args.batch_size // n)
-                losses.append(float(step(batch_s=[rng.integers(0, m, per_rank) for m in local])))
-        val = float(accuracy(*d_va, num_slices=2))
-        bar.set_postfix(loss="%.4f" % np.mean(losses), val_acc="%.4f" % val)
+    history = {"train_loss": [], "train_acc": [], "val_acc": []}
+    # Synkhronos' messages (the first epoch compiles) print above the bar instead of through it.
+    with logging_redirect_tqdm(loggers=[logging.getLogger("synkhronos")]):
+        bar = tqdm(range(args.epochs), desc="epochs", unit="epoch")
+        for _ in bar:
+            losses = []
+            order = rng.permutation(len(x_tr))
+            for s in range(steps_per_epoch):
+                if args.pattern == "cpu_data":
+                    idx = order[s * args.batch_size:(s + 1) * args.batch_size]
+                    losses.append(float(step(d_x, d_y, batch=idx)))
+                else:  # each rank draws its share of the batch from its own rows
+                    per_rank = max(1, args.batch_size // n)
+                    losses.append(float(step(batch_s=[rng.integers(0, m, per_rank) for m in local])))
+            val = float(accuracy(*d_va, num_slices=2))
+            history["train_loss"].append(float(np.mean(losses)))
+            history["val_acc"].append(val)
+            if args.plot:
+                history["train_acc"].append(float(accuracy(d_x, d_y, num_slices=2)))
+            bar.set_postfix(loss="%.4f" % np.mean(losses), val_acc="%.4f" % val)
     test = float(accuracy(*d_te, num_slices=2))
     print("Summary: %s %s, %d epochs in %.1f s on %d ranks: validation accuracy %.4f, test accuracy %.4f"
           % (name, args.model, args.epochs, time.time() - t0, n, val, test))
     synk.close()
+    if args.plot:
+        plot_curves(args.plot, history, test, "%s, %s, pattern %s, %s, %d ranks" % (name, args.model.upper(),
+                                                                            args.pattern, args.rule, n))
+        print("Curves written to %s" % args.plot)
     return test
 
 

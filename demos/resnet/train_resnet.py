@@ -6,7 +6,12 @@ each step is one exact data-parallel SGD-with-momentum step
 (``synkhronos.extensions.train``).  Batch norm uses each rank's batch statistics,
 as PyTorch DDP does without SyncBatchNorm; running averages are not kept.
 ``--blocks``, ``--width``, ``--image-size`` and ``--classes`` shrink the network for
-a quick run on CPU workers (``--cpu``).
+a quick run on CPU workers (``--cpu``).  ``--plot steps.png`` draws the loss and
+images/s of every timed step.
+
+The warmup steps compile the step function (Synkhronos says so on stderr when that
+takes a while); later runs load it from PyTensor's cache (or, on GPUs, JAX
+compiles it again).
 """
 
 import argparse
@@ -73,7 +78,8 @@ def build_resnet(pytensor, pt, nnet, blocks, width, classes, rng):
 
 
 def measure(args, n):
-    """Train ``args.steps`` steps on ``n`` ranks; returns median images/s."""
+    """Train ``args.steps`` steps on ``n`` ranks; returns the median images/s and,
+    per timed step, the loss and images/s."""
     import pytensor
     import pytensor.tensor as pt
 
@@ -92,17 +98,45 @@ def measure(args, n):
     batch = args.batch_size * n
     xd = synk.data(rng.standard_normal((batch, 3, args.image_size, args.image_size)).astype(fx))
     yd = synk.data(np.eye(args.classes, dtype=fx)[rng.integers(0, args.classes, batch)])
-    rates = []
+    rates, losses = [], []
     for s in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         value = float(step(xd, yd))
         dt = time.perf_counter() - t0
         if s >= args.warmup:
             rates.append(batch / dt)
+            losses.append(value)
             print("  %d rank(s) step %d: loss %.3f, %.1f images/s" % (n, s - args.warmup, value, batch / dt),
                   flush=True)
     synk.close()
-    return float(np.median(rates))
+    return {"median": float(np.median(rates)), "losses": losses, "rates": rates}
+
+
+def plot_steps(path, runs, title):
+    """Write the loss and images/s per timed step of each run (``runs``: ranks ->
+    ``measure``'s result) to the PNG ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_rate) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    for n, run in sorted(runs.items()):
+        steps = np.arange(1, len(run["losses"]) + 1)
+        label = "%d rank%s" % (n, "" if n == 1 else "s")
+        ax_loss.plot(steps, run["losses"], "o-", ms=4, label=label)
+        ax_rate.plot(steps, run["rates"], "o-", ms=4, label="%s (median %.1f)" % (label, run["median"]))
+    ax_loss.set(title="Training loss (same synthetic batch each step)", xlabel="timed step",
+                ylabel="loss (softmax cross-entropy)")
+    ax_rate.set(title="Throughput", xlabel="timed step", ylabel="images/s (all ranks)")
+    ax_rate.set_ylim(bottom=0)
+    for ax in (ax_loss, ax_rate):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):
@@ -116,8 +150,15 @@ def main(argv=None):
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="write the loss and images/s per step to this PNG file (needs matplotlib)")
     p.add_argument("--_child", dest="child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.plot and args.child is None:  # fail now, not after training
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install matplotlib")
     if args.child is not None:
         print("RESULT " + json.dumps(measure(args, args.child)))
         return None
@@ -125,19 +166,27 @@ def main(argv=None):
         from synkhronos._devices.gpu import visible_gpus
 
         args.gpus = 2 if args.cpu else max(1, len(visible_gpus()))
-    rates = {}
+    runs = {}
     for n in sorted({1, args.gpus}):  # one process per setting: a fresh fork each
         cmd = [sys.executable, os.path.abspath(__file__), "--_child", str(n)] + (argv or sys.argv[1:])
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        # The child's stderr (Synkhronos' status lines: forking, compiling) goes straight to ours.
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         sys.stdout.write("".join(ln + "\n" for ln in out.stdout.splitlines() if ln.startswith("  ")))
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if out.returncode or not line:
-            raise SystemExit("run on %d rank(s) failed:\n%s" % (n, out.stderr[-3000:]))
-        rates[n] = json.loads(line[0][7:])
+            raise SystemExit("run on %d rank(s) failed (exit code %d; its errors are above)"
+                             % (n, out.returncode))
+        runs[n] = json.loads(line[0][7:])
+    rates = {k: run["median"] for k, run in runs.items()}
     n = args.gpus
     print("Summary: %s on %d %s: %.1f images/s (1 rank: %.1f), speedup %.2f, efficiency %.3f"
           % ("ResNet blocks " + args.blocks, n, "CPU ranks" if args.cpu else "GPUs", rates[n], rates[1],
              rates[n] / rates[1], rates[n] / rates[1] / n))
+    if args.plot:
+        plot_steps(args.plot, runs, "ResNet blocks %s, width %d, %dx%d images, %d per rank, %s"
+                   % (args.blocks, args.width, args.image_size, args.image_size, args.batch_size,
+                      "CPU ranks" if args.cpu else "GPUs"))
+        print("Curves written to %s" % args.plot)
     return rates
 
 

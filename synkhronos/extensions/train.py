@@ -69,7 +69,9 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
         with ``batch_s=`` when the step is called.  The first one gives the row
         count when ``inputs`` is empty.
     function_kwargs : dict, optional
-        Passed to both ``synkhronos.function`` calls (``mode=...``).
+        Passed to both ``synkhronos.function`` calls (``mode=...``).  Their
+        names are ``name`` (default ``'train_step'``) plus ``' (gradient)'`` and
+        ``' (update)'``, as status messages and errors call them.
     **rule_kwargs
         Passed to ``rule`` (``learning_rate=...``).
 
@@ -88,6 +90,7 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
         raise TypeError("make_train_step needs a scattered input or a sliceable shared variable, "
                         "got inputs=%r" % (inputs,))
     kwargs = dict(function_kwargs or {})
+    name = kwargs.pop("name", None) or "train_step"
     fx = pytensor.config.floatX
     stats = pytensor.shared(np.zeros(2, dtype=fx), name="step_stats", shape=(2,))
     # At least 1: a step that selected no rows must not write NaN into the parameters.
@@ -99,9 +102,9 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
     grad_fn = _function.function(inputs, bcast_inputs=bcast_inputs, sliceable_shareds=sliceable or None,
                                  updates=[(grad_shared, summed, "sum"),
                                           (stats, pt.stack([pt.cast(loss, fx) * rows, rows]), "sum")],
-                                 **kwargs)
+                                 name=name + " (gradient)", **kwargs)
     # The update also clears what the gradient function wrote: a rank that gets no rows
     # in the next step skips that function, and must add zeros, not this step's sums.
     clear = [(grad_shared, pt.zeros_like(grad_shared)), (stats, pt.zeros_like(stats))]
-    update_fn = _function.function([], updates=list(param_updates) + clear, **kwargs)
+    update_fn = _function.function([], updates=list(param_updates) + clear, name=name + " (update)", **kwargs)
     return TrainStep(grad_fn, update_fn, grad_shared, stats)

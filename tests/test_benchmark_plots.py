@@ -1,0 +1,242 @@
+"""The benchmarks' PNG pictures: every script writes one beside its JSON, and
+``benchmarks/plot.py`` redraws them from JSON files.
+
+The CPU benchmarks run for real at their smallest settings.  The GPU benchmarks
+cannot run here, so their payloads are built by the scripts' own
+``make_records`` / ``make_payload`` / ``child_result`` functions (the ones their
+``main`` uses) from made-up timings, and drawn both in-process and by plot.py.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+if BENCH not in sys.path:
+    sys.path.append(BENCH)  # the scripts import _common and _plots as top-level modules
+
+import _common  # noqa: E402
+import _plots  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# (width, height) in pixels of each benchmark's picture.
+PIXELS = {"call_overhead": (1500, 500), "collectives": (1300, 550), "cpu_scaling": (1200, 500),
+          "gpu_scaling": (1200, 500), "resnet50_scaling": (1200, 500), "soak": (1200, 500)}
+ENV = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
+
+
+def _script(name):
+    """A benchmark script as a module (not run: its main is behind __name__)."""
+    spec = importlib.util.spec_from_file_location("_bench_" + name, os.path.join(BENCH, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*argv, timeout=120):
+    proc = subprocess.run([sys.executable, *argv], env=ENV, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    return proc
+
+
+def _run_ok(*argv, timeout=120):
+    proc = _run(*argv, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _check_png(path, kind):
+    from matplotlib import image
+
+    assert os.path.isfile(path), "no PNG at %s" % path
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+    img = image.imread(path)
+    width, height = PIXELS[kind]
+    assert img.shape[:2] == (height, width)
+    assert float(np.std(img[..., :3])) > 0.05  # something is drawn, not a blank canvas
+
+
+def _machine(gpus=None):
+    info = _common.machine_info()
+    if gpus:
+        info.update(gpus=gpus, gpu_name="NVIDIA H200")
+    return info
+
+
+# ------------------------------------------------------------ CPU benchmarks, run
+def test_cpu_scaling_writes_png(tmp_path):
+    out = str(tmp_path / "cpu_scaling.json")
+    proc = _run_ok(os.path.join(BENCH, "cpu_scaling.py"), "--quick", "--max-n", "2", "--batch", "256",
+                   "--steps", "2", "--out", out)
+    png = str(tmp_path / "cpu_scaling.png")
+    assert png in proc.stdout
+    with open(out) as f:
+        assert json.load(f)["benchmark"] == "cpu_scaling"
+    _check_png(png, "cpu_scaling")
+
+
+def test_call_overhead_writes_png(tmp_path):
+    out = str(tmp_path / "call_overhead.json")
+    proc = _run_ok(os.path.join(BENCH, "call_overhead.py"), "--quick", "--ranks", "1,2", "--calls", "100",
+                   "--repeats", "1", "--scatter-mb", "8", "--gather-rows", "2048", "--sizes", "4,16",
+                   "--mem-rows", "1000", "--out", out)
+    png = str(tmp_path / "call_overhead.png")
+    assert png in proc.stdout
+    with open(out) as f:
+        payload = json.load(f)
+    assert payload["benchmark"] == "call_overhead"
+    assert {"sessions", "memory", "target_a"} <= set(payload)  # every panel had data
+    _check_png(png, "call_overhead")
+
+
+def test_soak_writes_png(tmp_path):
+    out = str(tmp_path / "soak.json")
+    proc = _run_ok(os.path.join(BENCH, "soak.py"), "--calls", "200", "--collectives", "40",
+                   "--check-every", "50", "--out", out)
+    png = str(tmp_path / "soak.png")
+    assert png in proc.stdout
+    with open(out) as f:
+        payload = json.load(f)
+    assert payload["benchmark"] == "soak" and len(payload["samples"]) >= 2
+    _check_png(png, "soak")
+
+
+# ----------------------------------------------- GPU benchmarks, made-up timings
+def _collectives_payload():
+    mod = _script("collectives")
+    n, sizes = 8, [mb * 2**20 for mb in (1, 16, 64, 256, 1024)]
+    raw, synk_t = {}, {}
+    for k, op in enumerate(mod.OPS):
+        for nb in sizes:
+            t = 20e-6 + nb / (150e9 + 10e9 * k)
+            raw[(op, nb)] = (t, t * 1.3)
+            slower = 1.0 + (0.02 + 0.04 * k) * (2**20 / nb) ** 0.25  # small sizes pay more
+            synk_t[(op, nb)] = (t * slower, t * 1.6)
+    records = mod.make_records(n, sizes, raw, synk_t)
+    return mod.make_payload(_machine(gpus=n), dict(iters=100, repeats=3, split=16), records, True)
+
+
+def _gpu_scaling_payload():
+    mod = _script("gpu_scaling")
+    args = mod.parse_args(["--precision", "tf32"])
+    counts = [1, 2, 4, 8]
+    results = {0: mod.child_result(0, [0.1000, 0.1010, 0.0990], 67_000_000)}
+    for n in counts:
+        results[n] = mod.child_result(n, [0.101 / n / (0.99 ** (n - 1))] * 3, 67_000_000)
+    return mod.make_payload(_machine(gpus=8), args, results, counts)
+
+
+def _resnet_payload(ddp_fails_at=None):
+    mod = _script("resnet50_scaling")
+    args = mod.parse_args([])
+    ns = [1, 2, 4, 8]
+    results = {}
+    for n in ns:
+        results[("synk", n)] = mod.child_result([1000.0 * n * 0.985 ** (n - 1)] * 5, 40.0, 6.9)
+        results[("ddp", n)] = (None if n == ddp_fails_at
+                               else mod.child_result([1060.0 * n * 0.975 ** (n - 1)] * 5, 20.0, 6.9))
+    return mod.make_payload(_machine(gpus=8), args, ns, results)
+
+
+def _call_overhead_gpu_payload():
+    mod = _script("call_overhead")
+    args = mod._parse(["--quick"])
+    args.gpu, args.ranks, args.parts = True, [1, 2, 4, 8], "ab"  # as --gpu on an 8-GPU machine
+    rng = np.random.default_rng(0)
+    sessions = []
+    for n in args.ranks:
+        plain = list(60e-6 + 5e-6 * rng.random(100))
+        synk = list(120e-6 + 10e-6 * n + 20e-6 * rng.random(100))
+        cold = [t * 1.5 for t in synk]
+        times = {"synk": [0.004 / n] * 3, "plain_gather_sum": [0.006] * 3, "np_take": [0.004] * 3,
+                 "memcpy": [0.001] * 3}
+        sessions.append({"ranks": n, "a": mod.overhead_stats(synk, plain, cold, plain, True),
+                         "b": mod.scatter_stats(times, 32768, 8192, True)})
+    return mod.make_payload(_machine(gpus=8), args, sessions, [40e-6] * 10, None, [])
+
+
+GPU_PAYLOADS = {
+    "collectives": _collectives_payload,
+    "gpu_scaling": _gpu_scaling_payload,
+    "resnet50_scaling": _resnet_payload,
+    "call_overhead": _call_overhead_gpu_payload,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GPU_PAYLOADS))
+def test_gpu_payload_draws(tmp_path, kind, capsys):
+    payload = GPU_PAYLOADS[kind]()
+    assert payload["benchmark"] == kind
+    path = str(tmp_path / (kind + ".json"))
+    _common.write_results(path, payload)  # what the script does after its run
+    png = str(tmp_path / (kind + ".png"))
+    captured = capsys.readouterr()
+    assert png in captured.out, captured.err
+    _check_png(png, kind)
+
+
+def test_resnet_failed_run_still_draws(tmp_path):
+    path = str(tmp_path / "resnet50_scaling.json")
+    png = _plots.write_plot(path, _resnet_payload(ddp_fails_at=4), required=True)
+    _check_png(png, "resnet50_scaling")
+
+
+def test_plot_cli_redraws_gpu_json(tmp_path):
+    paths = []
+    for kind, build in sorted(GPU_PAYLOADS.items()):
+        payload = build()
+        if kind == "collectives":  # a file from before the scripts recorded their name
+            del payload["benchmark"]
+            kind = "collectives_h200"
+        paths.append(str(tmp_path / (kind + ".json")))
+        _common.write_json(paths[-1], payload)
+    proc = _run_ok(os.path.join(BENCH, "plot.py"), *paths)
+    for path in paths:
+        png = _plots.png_path(path)
+        assert png in proc.stdout
+        _check_png(png, os.path.basename(path).split(".")[0].replace("_h200", ""))
+
+
+# ------------------------------------------------------------------ bad input
+def test_plot_cli_bad_input(tmp_path):
+    missing = str(tmp_path / "missing.json")
+    unknown = str(tmp_path / "cpu_scaling.json")
+    _common.write_json(unknown, {"benchmark": "no_such_benchmark", "machine": {}})
+    nameless = str(tmp_path / "results.json")
+    _common.write_json(nameless, {"machine": {}})
+    proc = _run(os.path.join(BENCH, "plot.py"), missing, unknown, nameless)
+    assert proc.returncode == 1
+    assert "%s: no such file" % missing in proc.stderr
+    assert unknown in proc.stderr and "'no_such_benchmark'" in proc.stderr
+    assert nameless in proc.stderr and "'results'" in proc.stderr
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_benchmark_name():
+    assert _plots.benchmark_name("x/soak.json", {}) == "soak"
+    assert _plots.benchmark_name("x/anything.json", {"benchmark": "soak"}) == "soak"
+    assert _plots.benchmark_name("x/resnet50_scaling_tf32.json", {}) == "resnet50_scaling"
+    assert _plots.benchmark_name("x/soak.json", {}, kind="gpu_scaling") == "gpu_scaling"
+    with pytest.raises(ValueError, match="x/bogus.json"):
+        _plots.benchmark_name("x/bogus.json", {})
+
+
+def test_without_matplotlib_json_still_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    path = str(tmp_path / "gpu_scaling.json")
+    _common.write_results(path, _gpu_scaling_payload())
+    out = capsys.readouterr().out
+    with open(path) as f:
+        assert json.load(f)["benchmark"] == "gpu_scaling"
+    assert not os.path.exists(_plots.png_path(path))
+    skipped = [ln for ln in out.splitlines() if "PNG skipped" in ln]
+    assert len(skipped) == 1 and "matplotlib" in skipped[0] and "pip install matplotlib" in skipped[0]
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        _plots.write_plot(path, _gpu_scaling_payload(), required=True)

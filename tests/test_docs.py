@@ -1,0 +1,101 @@
+"""The documentation: the site builds with warnings as errors, every code example on it
+runs on CPU workers and checks its own results, and no Python code reaches a page
+or the README without running here."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+EXAMPLES = sorted((DOCS / "examples").glob("*.py"))
+PAGES = sorted(DOCS.glob("*.md"))
+TIMEOUT = 300  # seconds; an example takes a few with mode=FAST_COMPILE
+INCLUDE = re.compile(r"```\{literalinclude\}\s+(\S+)")
+FENCE = re.compile(r"^```(\w+)\s*$", re.MULTILINE)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTENSOR_FLAGS"] = ",".join(f for f in (env.get("PYTENSOR_FLAGS"), "mode=FAST_COMPILE") if f)
+    env.pop("SYNKHRONOS_LOG_LEVEL", None)
+    return env
+
+
+def _run_script(path, cwd):
+    return subprocess.run([sys.executable, str(path)], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=TIMEOUT)
+
+
+README_EXAMPLE_ID = "readme"
+
+
+def run_example(example, tmp_path):
+    """Run a docs example file, or the README's example for ``README_EXAMPLE_ID``."""
+    if example == README_EXAMPLE_ID:
+        blocks = _readme_python_blocks()
+        assert len(blocks) == 1, "the README shows one Python example"
+        example = tmp_path / "readme_example.py"
+        example.write_text(blocks[0] + '\nprint("All assertions passed.")\n')
+    return _run_script(example, cwd=example.parent)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_runs_and_checks_itself(example, tmp_path):
+    proc = run_example(example, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "All assertions passed." in proc.stdout, out
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
+def test_every_example_is_on_a_page_and_every_include_exists():
+    included = set()
+    for page in PAGES:
+        for target in INCLUDE.findall(page.read_text()):
+            path = (page.parent / target).resolve()
+            assert path.is_file(), "%s includes %s, which does not exist" % (page.name, target)
+            included.add(path)
+    assert EXAMPLES, "no examples found"
+    missing = [p.name for p in EXAMPLES if p.resolve() not in included]
+    assert not missing, "examples shown on no page: %s" % missing
+
+
+def test_pages_show_python_only_from_tested_examples():
+    """Python on a page comes from docs/examples (run above), never from an inline block."""
+    for page in PAGES:
+        languages = FENCE.findall(page.read_text())
+        assert "python" not in languages, "%s: move inline python to docs/examples" % page.name
+
+
+def _readme_python_blocks():
+    return re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.MULTILINE | re.DOTALL)
+
+
+def test_readme_example_runs(tmp_path):
+    proc = run_example(README_EXAMPLE_ID, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "All assertions passed." in proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
+def test_readme_links_every_page():
+    readme = (ROOT / "README.md").read_text()
+    unlinked = [p.name for p in PAGES if "docs/%s" % p.name not in readme]
+    assert not unlinked, "README links no %s" % unlinked
+
+
+def test_sphinx_builds_without_warnings(tmp_path):
+    """What CI's docs build runs: ``python -m sphinx -W -b html docs docs/_build``."""
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+                           str(DOCS), str(tmp_path / "html")], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for page in PAGES:
+        assert (tmp_path / "html" / (page.stem + ".html")).is_file(), page.name
+    for png in (DOCS / "_static" / "benchmarks").glob("*.png"):
+        assert (tmp_path / "html" / "_static" / "benchmarks" / png.name).is_file(), png.name

@@ -102,14 +102,14 @@ def _machine_line(payload, gpu=False):
     return " | ".join(p for p in (where, _date(m), _versions(m)) if p)
 
 
-def _style(ax, xlabel, ylabel, title=None, legend=True):
+def _style(ax, xlabel, ylabel, title=None, legend=True, loc="best"):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=11)
     ax.grid(True, alpha=0.3)
     if legend and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8.5, framealpha=0.85)
+        ax.legend(fontsize=8.5, framealpha=0.85, loc=loc)
 
 
 def _int_ticks(ax, values):
@@ -184,10 +184,11 @@ def plot_resnet50_scaling(payload, png):
                 ax_eff.annotate("%.3f" % y, (x, y), textcoords="offset points",
                                 xytext=(0, 7 if key == "synk" else -13), ha="center", fontsize=8,
                                 color=color)
-    ax.set_ylim(bottom=0)
+    # The ideal lines rise to the right: the legend goes top left, above the data.
+    _headroom(ax, [v for line in ax.get_lines() for v in line.get_ydata()], 1.35)
     _thousands(ax)
     _int_ticks(ax, ns)
-    _style(ax, "GPUs", "training throughput (images/s)", "Throughput")
+    _style(ax, "GPUs", "training throughput (images/s)", "Throughput", loc="upper left")
     ax_eff.axhline(1.0, color="0.3", lw=1, ls="--", label="ideal (1.0)")
     ax_eff.axhline(0.97, color="C3", lw=1, ls=":", label="Synkhronos target at 2 GPUs (0.97)")
     effs = [r.get(k + "_efficiency") for r in recs for k in ("synk", "ddp")]

@@ -99,3 +99,22 @@ def test_sphinx_builds_without_warnings(tmp_path):
         assert (tmp_path / "html" / (page.stem + ".html")).is_file(), page.name
     for png in (DOCS / "_static" / "benchmarks").glob("*.png"):
         assert (tmp_path / "html" / "_static" / "benchmarks" / png.name).is_file(), png.name
+
+
+BENCH_JSON = sorted((DOCS / "_static" / "benchmarks").glob("*.json"))
+
+
+@pytest.mark.parametrize("results", BENCH_JSON, ids=[p.stem for p in BENCH_JSON])
+def test_benchmark_pictures_redraw_from_their_json(results, tmp_path):
+    """Each picture on the benchmarks page is drawn by ``benchmarks/plot.py`` from the
+    JSON beside it (so the page shows what the scripts draw), and is on the page."""
+    copy = tmp_path / results.name
+    copy.write_text(results.read_text())
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plot.py"), str(copy)],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from matplotlib.image import imread
+
+    drawn, shown = imread(copy.with_suffix(".png")), imread(results.with_suffix(".png"))
+    assert drawn.shape == shown.shape
+    assert "_static/benchmarks/%s.png" % results.stem in (DOCS / "benchmarks.md").read_text()

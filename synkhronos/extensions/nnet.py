@@ -81,6 +81,7 @@ class Conv2d(_ConvBase):
         outputs[0][0] = numpy_kernels.conv2d_forward(x, w, *self.args())
 
     def infer_shape(self, fgraph, node, shapes):
+        """The output shape, from the input and filter shapes."""
         (n, _, h, wd), (o, _, kh, kw) = shapes
         (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
         return [(n, o, conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw))]
@@ -103,6 +104,7 @@ class Conv2dGradInput(_ConvBase):
         outputs[0][0] = numpy_kernels.conv2d_grad_input(*inputs, *self.args())
 
     def infer_shape(self, fgraph, node, shapes):
+        """The input's shape."""
         return [shapes[0]]
 
 
@@ -117,6 +119,7 @@ class Conv2dGradWeight(_ConvBase):
         outputs[0][0] = numpy_kernels.conv2d_grad_weight(*inputs, *self.args())
 
     def infer_shape(self, fgraph, node, shapes):
+        """The filters' shape."""
         return [shapes[1]]
 
 
@@ -144,6 +147,7 @@ class Pool2d(_PoolBase):
         outputs[0][0] = numpy_kernels.pool2d_forward(inputs[0], *self.args())
 
     def infer_shape(self, fgraph, node, shapes):
+        """The pooled shape, from the input shape."""
         n, c, h, w = shapes[0]
         (kh, kw), (sh, sw), (ph, pw) = self.ws, self.stride, self.padding
         return [(n, c, conv_out_size(h, kh, sh, ph, 1), conv_out_size(w, kw, sw, pw, 1))]
@@ -163,6 +167,7 @@ class Pool2dGrad(_PoolBase):
         outputs[0][0] = numpy_kernels.pool2d_grad(*inputs, *self.args())
 
     def infer_shape(self, fgraph, node, shapes):
+        """The input's shape."""
         return [shapes[0]]
 
 

@@ -18,12 +18,13 @@ import synkhronos as synk
 ROWS, K = 64, 512
 
 
-def _per_rank_products(precision, capsys):
+def _per_rank_products(precision, caplog):
     """Each rank's sum of products over its ``batch_s`` rows (reduce mode None),
     and plain PyTensor on the CPU over the same rows."""
+    caplog.set_level("INFO", logger="synkhronos")  # the status line is a log record
     synk.fork(2, use_gpu=True, precision=precision)
     try:
-        assert "precision: %s" % precision in capsys.readouterr().out
+        assert "precision: %s" % precision in caplog.text
         rng = np.random.default_rng(0)
         xv = rng.standard_normal((2 * ROWS, K)).astype("float32")
         wv = rng.standard_normal((K, 16)).astype("float32")
@@ -42,14 +43,14 @@ def _per_rank_products(precision, capsys):
         synk.close()
 
 
-def test_default_is_full_float32_on_every_rank(capsys):
-    got, want = _per_rank_products("highest", capsys)
+def test_default_is_full_float32_on_every_rank(caplog):
+    got, want = _per_rank_products("highest", caplog)
     for g, w in zip(got, want):
         assert np.allclose(g, w), np.abs(g - w).max()
 
 
-def test_tf32_is_used_on_every_rank_when_asked(capsys):
-    got, want = _per_rank_products("tf32", capsys)
+def test_tf32_is_used_on_every_rank_when_asked(caplog):
+    got, want = _per_rank_products("tf32", caplog)
     for g, w in zip(got, want):  # TensorFloat-32 keeps 10 mantissa bits: ~1e-3 relative
         assert not np.allclose(g, w)
         np.testing.assert_allclose(g, w, rtol=5e-2, atol=0.5)

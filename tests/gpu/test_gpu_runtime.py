@@ -25,13 +25,14 @@ def gpu2():
     synk.close()
 
 
-def test_default_fork_uses_every_gpu(capsys):
+def test_default_fork_uses_every_gpu(caplog):
     from synkhronos._devices.gpu import visible_gpus
 
+    caplog.set_level("INFO", logger="synkhronos")  # the status line is a log record
     n = synk.fork()
     try:
         assert n == len(visible_gpus())
-        assert "detected GPUs" in capsys.readouterr().out
+        assert "detected GPUs" in caplog.text
         import jax
 
         assert len(jax.devices()) == 1 and jax.devices()[0].platform == "gpu"
@@ -152,13 +153,13 @@ def _run(script_text, tmp_path, *args):
     proc = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
                           timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return proc
 
 
 def test_seed_examples_same_values_on_gpus(tmp_path):
-    out = _run(INTRO, tmp_path)
-    assert "detected GPUs" in out and out.strip().endswith("All assertions passed.")
-    out = _run(SHARED, tmp_path)
+    proc = _run(INTRO, tmp_path)
+    assert "detected GPUs" in proc.stderr and proc.stdout.strip().endswith("All assertions passed.")
+    out = _run(SHARED, tmp_path).stdout
     assert "gathered s: [[3.0, 3.0], [7.0, 7.0]]" in out
     assert "gathered s after reduce: [[10.0, 10.0], [7.0, 7.0]]" in out
     assert "gathered s after all-reduce: [[10.0, 10.0], [10.0, 10.0]]" in out
@@ -195,7 +196,7 @@ print("master_rank=1 passed")
 
 
 def test_master_rank_1(tmp_path):
-    assert "master_rank=1 passed" in _run(MASTER_1, tmp_path)
+    assert "master_rank=1 passed" in _run(MASTER_1, tmp_path).stdout
 
 
 def test_unsupported_dtype_is_refused_before_any_rank_starts(gpu2):

@@ -134,14 +134,9 @@ def set_level(level):
 
 
 def _notice_delay():
-    text = os.environ.get(NOTICE_ENV)
-    if text is None or not text.strip():
-        return _DEFAULT_NOTICE_S
-    try:
-        delay = float(text)
-    except ValueError:
-        raise ValueError("%s=%r is not a number of seconds" % (NOTICE_ENV, text)) from None
-    return max(0.0, delay)
+    from ._protocol import env_nonnegative
+
+    return env_nonnegative(NOTICE_ENV, _DEFAULT_NOTICE_S, "seconds")
 
 
 def _numba_note():

@@ -17,7 +17,7 @@ import select
 import time
 import traceback
 
-__all__ = ["Command", "Receiver", "ok", "failure", "spin_seconds"]
+__all__ = ["Command", "Receiver", "ok", "failure", "spin_seconds", "env_nonnegative"]
 
 # How long a process polls for the next message before it blocks: a process
 # woken from sleep runs its first microseconds slowly, so a short poll makes
@@ -25,6 +25,28 @@ __all__ = ["Command", "Receiver", "ok", "failure", "spin_seconds"]
 # 3 ms instead of 100 us did not speed up a tiny call on 2 GPUs.)
 SPIN_ENV = "SYNKHRONOS_SPIN_US"
 SPIN_DEFAULT = 100e-6
+
+
+def env_nonnegative(name, default, unit):
+    """The non-negative, finite number in environment variable ``name``, or
+    ``default`` when it is unset or blank; ``unit`` names the unit in the error.
+
+    Raises
+    ------
+    ValueError
+        If the variable is not a non-negative, finite number (the message names
+        the variable and the value).
+    """
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("%s must be a non-negative number of %s, got %r" % (name, unit, text))
+    return value
 
 
 def spin_seconds():
@@ -36,16 +58,8 @@ def spin_seconds():
     ValueError
         If the variable is not a non-negative number.
     """
-    text = os.environ.get(SPIN_ENV)
-    if text is None or not text.strip():
-        return SPIN_DEFAULT
-    try:
-        micros = float(text)
-    except ValueError:
-        micros = -1.0
-    if not micros >= 0 or micros == float("inf"):
-        raise ValueError("%s must be a non-negative number of microseconds, got %r" % (SPIN_ENV, text))
-    return micros * 1e-6
+    micros = env_nonnegative(SPIN_ENV, None, "microseconds")
+    return SPIN_DEFAULT if micros is None else micros * 1e-6
 
 
 class Command(enum.IntEnum):

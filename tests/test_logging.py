@@ -232,3 +232,12 @@ def test_compile_notice_only_when_slow(monkeypatch, caplog):
     assert caplog.messages[1].startswith("...function 'f' compiled in ")
     assert caplog.messages[2] == "Synkhronos: compiling function 'g' on its first call, on 1 rank (Numba)..."
     assert caplog.messages[3].startswith("...function 'g' failed after ")
+
+
+@pytest.mark.parametrize("bad", ["soon", "-1", "inf"])
+def test_bad_compile_notice_variable_is_named(monkeypatch, caplog, bad):
+    caplog.set_level(logging.INFO, logger="synkhronos")
+    monkeypatch.setenv(_log.NOTICE_ENV, bad)
+    with pytest.raises(ValueError, match="SYNKHRONOS_COMPILE_NOTICE_S must be a non-negative number of "
+                                         "seconds, got %r" % bad):
+        _log.CompileNotice("function 'f'", lambda: "Numba", 2)

@@ -1,35 +1,15 @@
 """The seed documentation's two examples, run as the user scripts they are (no
-``__main__`` guard, only ``theano`` renamed to ``pytensor``), with their printed values."""
+``__main__`` guard, only the imports of ``theano`` renamed to ``pytensor``), with their
+printed values."""
 
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
-INTRO = """
-import numpy as np
-import pytensor as theano
-import pytensor.tensor as T
-import synkhronos as synk
-
-synk.fork()
-x = T.matrix('x')
-y = T.vector('y')
-z = T.mean(x.dot(y), axis=0)
-f_th = theano.function(inputs=[x, y], outputs=z)
-f = synk.function(inputs=[x], bcast_inputs=[y], outputs=z)
-synk.distribute()
-
-x_dat = np.random.randn(100, 10).astype('float32')
-y_dat = np.random.randn(10).astype('float32')
-x_synk = synk.data(x_dat)
-y_synk = synk.data(y_dat)
-r_th = f_th(x_dat, y_dat)
-r = f(x_synk, y_synk)
-
-assert np.allclose(r, r_th)
-print("All assertions passed.")
-"""
+# The manual's introductory example is also the docs' (tests/test_docs.py runs it too).
+INTRO = (Path(__file__).resolve().parent.parent / "docs" / "examples" / "intro.py").read_text()
 
 SHARED = """
 import numpy as np

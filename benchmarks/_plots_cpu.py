@@ -1,0 +1,244 @@
+"""Pictures of the CPU benchmarks: ``cpu_scaling``, ``call_overhead``, ``soak``.
+
+Each function takes the payload its script wrote (as read back from JSON) and the
+PNG path, and returns the path; ``_plots.write_plot`` calls them through
+``_plots.PLOTTERS``.  ``call_overhead`` and ``soak`` are drawn for GPU runs too
+(``call_overhead.py --gpu``, ``soak.py --gpu``; the caption then names the GPUs).
+They live here because their default, and the pictures' layout, is the
+CPU-worker one; a GPU run only changes labels, title and caption.
+"""
+
+from _plot_common import _figure, _finish, _headroom, _int_ticks, _machine_line, _style, _thousands
+
+__all__ = ["plot_call_overhead", "plot_cpu_scaling", "plot_soak"]
+
+
+# ---------------------------------------------------------------- cpu_scaling
+def plot_cpu_scaling(payload, png):
+    """Rows/s of Synkhronos ranks, raw processes and BLAS threads against N.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``cpu_scaling.py`` wrote: ``summary`` (per N: ``threads_rows_per_s``,
+        ``procs_rows_per_s``, ``synk_rows_per_s``, ``synk_over_procs``,
+        ``procs_over_threads``), ``runs`` (one record per configuration and
+        round), ``settings`` and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    summ = payload["summary"]
+    ns = [s["n"] for s in summ]
+    settings = payload.get("settings") or {}
+    fig, (ax, ax_r) = _figure("cpu_scaling", 2)
+    modes = (("synk", "Synkhronos, N ranks", "C0", "o"),
+             ("procs", "raw N processes", "C1", "s"),
+             ("threads", "1 process, N BLAS threads", "C2", "^"))
+    for mode, label, color, marker in modes:
+        ax.plot(ns, [s[mode + "_rows_per_s"] for s in summ], marker=marker, color=color, lw=2,
+                label=label + " (median)")
+        runs = [r for r in payload.get("runs", []) if r.get("mode") == mode]
+        if len(runs) > len(ns):  # several rounds: show the spread too
+            ax.plot([r["n"] for r in runs], [r["rows_per_s"] for r in runs], marker=marker, ls="none",
+                    color=color, alpha=0.35, ms=4)
+    # At N = 1 all three are one process with one BLAS thread: the best of them is the reference.
+    base = max(summ[0][m + "_rows_per_s"] for m, _, _, _ in modes) / summ[0]["n"]
+    ax.plot(ns, [base * n for n in ns], ":", color="0.3", label="ideal (best N=1 figure x N)")
+    ax.set_ylim(bottom=0)
+    _thousands(ax)
+    _int_ticks(ax, ns)
+    _style(ax, "N (ranks / processes / threads)", "throughput (rows/s)", "Throughput")
+    ax_r.plot(ns, [s["synk_over_procs"] for s in summ], "o-", color="C0", lw=2, label="synk / raw procs")
+    ax_r.plot(ns, [s["procs_over_threads"] for s in summ], "s-", color="C1", lw=2,
+              label="raw procs / threads")
+    ax_r.axhline(1.0, color="0.3", lw=1, ls="--", label="1.0")
+    ax_r.axhline(0.9, color="C3", lw=1, ls=":", label="target synk / procs >= 0.9")
+    ax_r.set_ylim(bottom=0)
+    _int_ticks(ax_r, ns)
+    _style(ax_r, "N", "throughput ratio", "Ratios (medians of per-round ratios)")
+    title = "CPU scaling: MLP 784-1024-1024-10 gradient"
+    caption = [
+        _machine_line(payload),
+        "float32; total batch %s rows per step, %s timed steps per configuration, %s round(s); "
+        "BLAS %s" % (settings.get("batch"), settings.get("steps"), settings.get("repeats"),
+                     (payload.get("machine") or {}).get("blas")),
+    ]
+    return _finish(fig, title, caption, png)
+
+
+# -------------------------------------------------------------- call_overhead
+def plot_call_overhead(payload, png):
+    """Call latency against ranks; scatter throughput and master memory where recorded.
+
+    The latency panel is always drawn.  Parts (b) and (c) get a panel each when
+    the run measured them: (b) as GB/s per rank count, the one-process baselines
+    beside Synkhronos; (c) as grouped bars on a log scale, since the full-copy
+    control is the size of the Data while the measured peaks should be the
+    master's share of rows, orders of magnitude less.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``call_overhead.py`` wrote: ``sessions`` (per rank count, part ``a``
+        with ``synk_us_median``, ``synk_us_p10``, ``synk_us_p90``,
+        ``plain_us_median``, ``plain_us_p90``, cold medians; part ``b`` with GB/s
+        per method), ``memory`` (part c rows), ``pipe_round_trip_us_median``,
+        ``target_a``, ``settings`` and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    sessions = payload.get("sessions") or []
+    with_a = [s for s in sessions if "a" in s]
+    with_b = [s for s in sessions if "b" in s]
+    memory = payload.get("memory") or []
+    settings = payload.get("settings") or {}
+    gpu = bool(settings.get("gpu"))
+    panels = (["a"] if with_a else []) + (["b"] if with_b else []) + (["c"] if memory else [])
+    if not panels:
+        raise ValueError("call_overhead payload has no part a, b or c results to plot")
+    fig, axes = _figure("call_overhead", len(panels))
+    axes = dict(zip(panels, axes))
+    plain = "plain pytensor.function%s" % (" (JAX, 1 GPU)" if gpu else "")
+    if with_a:
+        ax = axes["a"]
+        ranks = [s["ranks"] for s in with_a]
+        a = [s["a"] for s in with_a]
+        med = [x["synk_us_median"] for x in a]
+        ax.errorbar(ranks, med, yerr=[[m - x["synk_us_p10"] for m, x in zip(med, a)],
+                                      [x["synk_us_p90"] - m for m, x in zip(med, a)]],
+                    fmt="o-", color="C0", lw=2, capsize=4, label="synk (median, bars p10-p90)")
+        pmed = [x["plain_us_median"] for x in a]
+        ax.errorbar(ranks, pmed, yerr=[[0] * len(a), [x["plain_us_p90"] - m for m, x in zip(pmed, a)]],
+                    fmt="s-", color="C1", lw=2, capsize=4, label=plain + " (median, bar to p90)")
+        ax.plot(ranks, [x["synk_cold_us_median"] for x in a], "o", mfc="none", color="C0", ms=8,
+                label="synk, cold call (after a 200 us sleep)")
+        ax.plot(ranks, [x["plain_cold_us_median"] for x in a], "s", mfc="none", color="C1", ms=8,
+                label="plain, cold call")
+        pipe = payload.get("pipe_round_trip_us_median")
+        if pipe:
+            ax.axhline(pipe, color="0.4", ls=":", lw=1, label="2-process pipe round trip (%.0f us)" % pipe)
+        target = payload.get("target_a")
+        if target:
+            p2 = [x["plain_us_median"] for s, x in zip(with_a, a) if s["ranks"] == target["ranks"]]
+            if p2:
+                ax.plot([target["ranks"]], [p2[0] + target["target_us"]], "_", color="C3", ms=24, mew=2,
+                        label="target: plain + %.0f us at %d ranks (%s)"
+                        % (target["target_us"], target["ranks"], "PASS" if target["pass"] else "FAIL"))
+        _headroom(ax, [x[k] for x in a for k in ("synk_us_p90", "plain_us_p90", "synk_cold_us_median",
+                                                 "plain_cold_us_median")], 1.75)
+        _int_ticks(ax, ranks)
+        _style(ax, "ranks", "time per call (us)", "(a) call latency, tiny function")
+    if with_b:
+        ax = axes["b"]
+        ranks = [s["ranks"] for s in with_b]
+        for key, label, fmt in (("synk", "synk, batch=idx (gathered on every rank)", "o-"),
+                                ("plain_gather_sum", "1 process: plain x[idx] + sum", "s--"),
+                                ("np_take", "1 process: np.take", "^--"),
+                                ("memcpy", "1 process: memcpy (contiguous)", "v--")):
+            ax.plot(ranks, [s["b"][key + "_gbps"] for s in with_b], fmt, lw=2 if key == "synk" else 1.3,
+                    label=label)
+        b0 = with_b[0]["b"]
+        _headroom(ax, [s["b"][k + "_gbps"] for s in with_b for k in ("synk", "plain_gather_sum", "np_take",
+                                                                     "memcpy")], 1.45)
+        _int_ticks(ax, ranks)
+        _style(ax, "ranks", "GB/s of gathered rows",
+               "(b) batch= scatter: %d random rows\n(%.0f MB of a %.0f MB Data)"
+               % (b0["index_rows"], b0["gathered_mb"], b0["data_mb"]))
+    if memory:
+        import numpy as np
+
+        ax = axes["c"]
+        bars = (("master_share_mb", "master's share of the rows"),
+                ("vm_hwm_growth_first_call_mb", "peak growth, 1st call"),
+                ("vm_hwm_growth_mb", "peak growth, later calls"),
+                ("control_full_copy_hwm_growth_mb", "control: peak of a full copy"))
+        bars = [(k, lab) for k, lab in bars if any(r.get(k) is not None for r in memory)]
+        x = np.arange(len(memory))
+        width = 0.8 / len(bars)
+        for i, (key, label) in enumerate(bars):
+            vals = [r.get(key) or 0.0 for r in memory]
+            drawn = ax.bar(x + (i - (len(bars) - 1) / 2) * width, [max(v, 0.01) for v in vals], width,
+                           label=label, color="C%d" % i)
+            ax.bar_label(drawn, labels=["%.0f" % v if v >= 100 else "%.3g" % v for v in vals], fontsize=7,
+                         padding=1)
+        ax.set_yscale("log")
+        top = max(max(r.get(k) or 0.01 for k, _ in bars) for r in memory)
+        ax.set_ylim(top=top * 12)  # room for the legend above the bars (log scale)
+        ax.set_xticks(x)
+        ax.set_xticklabels(["%.0f MB Data" % r["data_mb"] for r in memory])
+        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[payload.get("memory_pass")]
+        m0 = memory[0]
+        _style(ax, "Data size (%d-row random index, %d ranks)" % (m0["index_rows"], m0["ranks"]),
+               "master memory (MB, log scale)", "(c) master memory per call: %s" % verdict)
+    title = "Synkhronos call overhead on %s" % ("GPU ranks" if gpu else "CPU workers")
+    precision = ("float32; synk fork(precision='highest') and the plain JAX function at full float32"
+                 if gpu else "float32")
+    caption = [
+        _machine_line(payload, gpu=gpu),
+        "%s; %s calls per block x %s interleaved blocks%s" % (
+            precision, settings.get("calls"), settings.get("repeats"),
+            "; ranks above %s are oversubscribed" % (payload.get("machine") or {}).get("usable_cores")
+            if not gpu and (payload.get("machine") or {}).get("usable_cores") else ""),
+    ]
+    return _finish(fig, title, caption, png)
+
+
+# ----------------------------------------------------------------------- soak
+def plot_soak(payload, png):
+    """RSS of the master and every worker against calls made, and growth since the first sample.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``soak.py`` wrote: ``samples`` (each with ``calls``, ``collectives``,
+        ``seconds`` and ``rss_mb``, a dict rank -> MB), ``calls``, ``collectives``,
+        ``seconds``, ``ranks``, ``device`` and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    samples = payload["samples"]
+    calls = [s["calls"] for s in samples]
+    ranks = sorted(samples[0]["rss_mb"], key=int)
+    gpu = str(payload.get("device", "cpu")).lower() == "gpu"
+    fig, (ax, ax_g) = _figure("soak", 2)
+    for i, r in enumerate(ranks):
+        rss = [s["rss_mb"][r] for s in samples]
+        label = "rank %s (%s)" % (r, "master" if int(r) == 0 else "worker")
+        ax.plot(calls, rss, "o-", color="C%d" % i, lw=2, ms=4, label=label)
+        ax_g.plot(calls, [v - rss[0] for v in rss], "o-", color="C%d" % i, lw=2, ms=4, label=label)
+    ax.set_ylim(bottom=0)
+    _style(ax, "function calls made", "resident memory, VmRSS (MB)", "RSS per process")
+    ax_g.axhline(0, color="0.3", lw=1)
+    lo, hi = ax_g.get_ylim()
+    ax_g.set_ylim(min(lo, -2), max(hi, 2))  # a flat line should look flat, not like noise blown up
+    _style(ax_g, "function calls made", "RSS growth since the first sample (MB)",
+           "Growth after warm-up (%d calls)" % calls[0])
+    for a in (ax, ax_g):
+        a.ticklabel_format(axis="x", style="plain")
+    title = "Soak: %s calls and %s collectives in one session, %s %s ranks" % (
+        payload.get("calls"), payload.get("collectives"), payload.get("ranks"),
+        str(payload.get("device", "?")).upper())
+    args = payload.get("args") or {}
+    caption = [
+        _machine_line(payload, gpu=gpu),
+        "precision %s; %.1f s in all; %s calls checked against numpy (every %s), %s collective cycles "
+        "checked" % (payload.get("precision") or ("float32 (CPU)" if not gpu else "not recorded"),
+                     payload.get("seconds", float("nan")), payload.get("checked_calls"),
+                     args.get("check_every"), payload.get("checked_collective_cycles")),
+    ]
+    return _finish(fig, title, caption, png)

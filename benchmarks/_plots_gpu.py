@@ -1,0 +1,214 @@
+"""Pictures of the GPU benchmarks: ``resnet50_scaling``, ``gpu_scaling``, ``collectives``.
+
+Each function takes the payload its script wrote (as read back from JSON) and the
+PNG path, and returns the path; ``_plots.write_plot`` calls them through
+``_plots.PLOTTERS``.  ``call_overhead``, drawn for CPU and GPU runs alike, is in
+``_plots_cpu``.
+"""
+
+from _plot_common import (
+    _GREY,
+    _figure,
+    _finish,
+    _headroom,
+    _int_ticks,
+    _machine_line,
+    _nan,
+    _style,
+    _thousands,
+)
+
+__all__ = ["plot_collectives", "plot_gpu_scaling", "plot_resnet50_scaling"]
+
+
+def _gpu_precision_label(precision):
+    return {"highest": "full fp32", "tf32": "TF32"}.get(precision, str(precision))
+
+
+# ------------------------------------------------------------ resnet50_scaling
+def plot_resnet50_scaling(payload, png):
+    """Images/s and parallel efficiency of Synkhronos and PyTorch DDP against GPUs.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``resnet50_scaling.py`` wrote: ``args`` (``precision``, ``batch_size``,
+        ``blocks``, ``image_size``), ``results`` (one record per GPU count with
+        ``gpus``, ``synk_images_per_s``, ``ddp_images_per_s``, ``synk_efficiency``,
+        ``ddp_efficiency``; a failed run has None) and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    args = payload.get("args") or {}
+    recs = payload["results"]
+    ns = [r["gpus"] for r in recs]
+    prec = _gpu_precision_label(args.get("precision"))
+    fig, (ax, ax_eff) = _figure("resnet50_scaling", 2)
+    sides = (("synk", "Synkhronos", "C0", "o"), ("ddp", "PyTorch DDP", "C1", "s"))
+    for key, label, color, marker in sides:
+        rates = [r.get(key + "_images_per_s") for r in recs]
+        if all(v is None for v in rates):
+            continue  # e.g. --skip-ddp
+        ax.plot(ns, _nan(rates), marker=marker, color=color, lw=2, label="%s (%s)" % (label, prec))
+        first = recs[0].get(key + "_images_per_s")
+        if first is not None:  # the efficiencies are relative to the first count too
+            ax.plot(ns, [first * n / ns[0] for n in ns], ls=":", color=color, lw=1.3,
+                    label="%s ideal (%d-GPU figure x n%s)" % (label, ns[0], "/%d" % ns[0] if ns[0] != 1
+                                                              else ""))
+        effs = [r.get(key + "_efficiency") for r in recs]
+        ax_eff.plot(ns, _nan(effs), marker=marker, color=color, lw=2, label="%s (%s)" % (label, prec))
+        for x, y in zip(ns, effs):
+            if y is not None:
+                ax_eff.annotate("%.3f" % y, (x, y), textcoords="offset points",
+                                xytext=(0, 7 if key == "synk" else -13), ha="center", fontsize=8,
+                                color=color)
+    # The ideal lines rise to the right: the legend goes top left, above the data.
+    _headroom(ax, [v for line in ax.get_lines() for v in line.get_ydata()], 1.35)
+    _thousands(ax)
+    _int_ticks(ax, ns)
+    _style(ax, "GPUs", "training throughput (images/s)", "Throughput", loc="upper left")
+    ax_eff.axhline(1.0, color="0.3", lw=1, ls="--", label="ideal (1.0)")
+    ax_eff.axhline(0.97, color="C3", lw=1, ls=":", label="Synkhronos target at 2 GPUs (0.97)")
+    effs = [r.get(k + "_efficiency") for r in recs for k in ("synk", "ddp")]
+    lo = min([0.8] + [e for e in effs if e is not None])
+    ax_eff.set_ylim(max(0.0, lo - 0.05), 1.06)
+    _int_ticks(ax_eff, ns)
+    _style(ax_eff, "GPUs", "parallel efficiency\n(images/s  /  (n x 1-GPU images/s))",
+           "Scaling efficiency")
+    title = "ResNet training throughput: Synkhronos vs PyTorch DDP"
+    caption = [
+        _machine_line(payload, gpu=True),
+        "precision of products and convolutions: Synkhronos %s (fork(precision=%r)), PyTorch %s "
+        "(allow_tf32=%s); fp32 values; blocks %s, batch %s images per GPU, %s px, median of %s steps"
+        % (prec, args.get("precision"), prec, args.get("precision") == "tf32", args.get("blocks"),
+           args.get("batch_size"), args.get("image_size"), args.get("steps")),
+    ]
+    return _finish(fig, title, caption, png)
+
+
+# ---------------------------------------------------------------- gpu_scaling
+def plot_gpu_scaling(payload, png):
+    """Rows/s and speedup of the MLP gradient step against GPUs, with the ideal.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``gpu_scaling.py`` wrote: ``results`` (``n``, ``rows_per_s``,
+        ``speedup``, ``efficiency`` per GPU count), ``plain_step_ms``, ``batch``,
+        ``layers``, ``precision`` and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    recs = payload["results"]
+    ns = [r["n"] for r in recs]
+    plain_rate = payload["batch"] / (payload["plain_step_ms"] / 1e3)
+    prec = _gpu_precision_label(payload.get("precision"))
+    fig, (ax, ax_sp) = _figure("gpu_scaling", 2)
+    ax.plot(ns, [r["rows_per_s"] for r in recs], "o-", color="C0", lw=2,
+            label="Synkhronos (%s)" % prec)
+    ax.plot(ns, [plain_rate * n for n in ns], ":", color="0.3", label="ideal (plain 1-GPU x n)")
+    ax.plot([1], [plain_rate], "D", color="C1", ms=8, label="plain PyTensor JAX, 1 GPU (%s)" % prec)
+    ax.set_ylim(bottom=0)
+    _thousands(ax)
+    _int_ticks(ax, ns)
+    _style(ax, "GPUs", "throughput (rows/s)", "Throughput")
+    ax_sp.plot(ns, [r["speedup"] for r in recs], "o-", color="C0", lw=2, label="Synkhronos speedup")
+    for r in recs:
+        ax_sp.annotate("%.2fx (eff. %.3f)" % (r["speedup"], r["efficiency"]), (r["n"], r["speedup"]),
+                       textcoords="offset points", xytext=(6, -12), fontsize=8, color="C0")
+    ax_sp.plot(ns, ns, ":", color="0.3", label="ideal (speedup = n)")
+    if 2 in ns:
+        ax_sp.plot([2], [0.97 * 2], "_", color="C3", ms=22, mew=2, label="target at 2 GPUs (0.97 x 2)")
+    ax_sp.set_ylim(0, max(ns) * 1.08)
+    _int_ticks(ax_sp, ns)
+    _style(ax_sp, "GPUs", "speedup over plain PyTensor on 1 GPU (x)", "Speedup")
+    title = "GPU scaling: MLP gradient step + all_reduce (Synkhronos)"
+    caption = [
+        _machine_line(payload, gpu=True),
+        "MLP %s, batch %s rows per step (all GPUs together); float32 products at precision %r on "
+        "both sides (%s); plain JAX on 1 GPU: %.2f ms/step"
+        % (payload.get("layers"), payload.get("batch"), payload.get("precision"), prec,
+           payload["plain_step_ms"]),
+    ]
+    return _finish(fig, title, caption, png)
+
+
+# ---------------------------------------------------------------- collectives
+def plot_collectives(payload, png):
+    """Bus bandwidth of synk and raw NCCL collectives against message size, and their ratio.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``collectives.py`` wrote: ``results`` (one record per op and size with
+        ``op``, ``mb``, ``raw_busbw``, ``synk_busbw``, ``ratio``), ``settings``,
+        ``correct`` and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    from matplotlib.lines import Line2D
+
+    recs = payload["results"]
+    ops = list(dict.fromkeys(r["op"] for r in recs))
+    settings = payload.get("settings") or {}
+    fig, (ax, ax_r) = _figure("collectives", 2)
+    handles = []
+    for i, op in enumerate(ops):
+        rs = sorted((r for r in recs if r["op"] == op), key=lambda r: r["mb"])
+        mb = [r["mb"] for r in rs]
+        color = "C%d" % i
+        ax.plot(mb, [r["synk_busbw"] for r in rs], "o-", color=color, lw=2)
+        ax.plot(mb, [r["raw_busbw"] for r in rs], "x--", color=color, lw=1.5)
+        ax_r.plot(mb, [r["ratio"] for r in rs], "o-", color=color, lw=2)
+        handles.append(Line2D([], [], color=color, lw=2, label=op))
+    style = [Line2D([], [], color="0.2", ls="-", marker="o", label="synk"),
+             Line2D([], [], color="0.2", ls="--", marker="x", label="raw NCCL (CuPy)")]
+    sizes = sorted({r["mb"] for r in recs})
+    for a in (ax, ax_r):
+        a.set_xscale("log", base=2)
+        a.set_xticks(sizes)
+        a.set_xticklabels(["%g" % s for s in sizes])
+        a.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.legend(handles=handles + style, fontsize=8.5, ncol=2, loc="upper left", framealpha=0.85)
+    _style(ax, "message size (MB, log scale)", "bus bandwidth (GB/s)", "Bus bandwidth (nccl-tests)",
+           legend=False)
+    ax_r.axhline(1.0, color="0.3", lw=1, ls="--")
+    ax_r.axhline(0.95, color="C3", lw=1, ls=":")
+    if max(sizes) >= 64:
+        ax_r.axvspan(min(sizes) / 1.3, 64 / 1.15, color="0.5", alpha=0.08, lw=0)
+        ax_r.text(64 / 1.2, 0.98, "shaded: below 64 MB,\nno target", transform=ax_r.get_xaxis_transform(),
+                  fontsize=8, color=_GREY, ha="right", va="top")
+    ax_r.set_xlim(min(sizes) / 1.3, max(sizes) * 1.3)
+    ratios = [r["ratio"] for r in recs]
+    ax_r.set_ylim(min(0.8, min(ratios) - 0.03), max(1.1, max(ratios) + 0.03))
+    ratio_handles = handles + [Line2D([], [], color="0.3", ls="--", label="1.0 (equal)"),
+                               Line2D([], [], color="C3", ls=":", label="target 0.95")]
+    ax_r.legend(handles=ratio_handles, fontsize=8.5, ncol=2, loc="lower right", framealpha=0.85)
+    _style(ax_r, "message size (MB, log scale)", "synk speed / raw NCCL speed (raw time / synk time)",
+           "synk vs raw NCCL", legend=False)
+    n = (payload.get("machine") or {}).get("gpus")
+    title = "Collectives on %s GPUs: synk vs raw NCCL" % (n if n else "?")
+    caption = [
+        _machine_line(payload, gpu=True),
+        "precision: not applicable (float32 values moved and added, no products); back to back, "
+        "%s calls per size, fastest of %s passes; all_reduce_split: %s variables in one call; "
+        "values correct after the runs: %s"
+        % (settings.get("iters"), settings.get("repeats"), settings.get("split"), payload.get("correct")),
+    ]
+    return _finish(fig, title, caption, png)

@@ -28,6 +28,7 @@ __all__ = [
 DPI = 100
 #: Figure size in inches per benchmark (pixels: these times ``DPI``).
 FIGSIZE = {
+    "bf16_loss_curve": (12.0, 5.0),
     "call_overhead": (15.0, 5.0),
     "collectives": (13.0, 5.5),
     "cpu_scaling": (12.0, 5.0),

@@ -24,13 +24,14 @@ import os
 
 from _plot_common import DPI, FIGSIZE
 from _plots_cpu import plot_call_overhead, plot_cpu_scaling, plot_soak
-from _plots_gpu import plot_collectives, plot_gpu_scaling, plot_resnet50_scaling
+from _plots_gpu import plot_bf16_loss_curve, plot_collectives, plot_gpu_scaling, plot_resnet50_scaling
 
 __all__ = [
     "DPI",
     "FIGSIZE",
     "PLOTTERS",
     "benchmark_name",
+    "plot_bf16_loss_curve",
     "plot_call_overhead",
     "plot_collectives",
     "plot_cpu_scaling",
@@ -44,6 +45,7 @@ __all__ = [
 INSTALL_HINT = "pip install matplotlib"
 
 PLOTTERS = {
+    "bf16_loss_curve": plot_bf16_loss_curve,
     "call_overhead": plot_call_overhead,
     "collectives": plot_collectives,
     "cpu_scaling": plot_cpu_scaling,

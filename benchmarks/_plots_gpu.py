@@ -1,4 +1,5 @@
-"""Pictures of the GPU benchmarks: ``resnet50_scaling``, ``gpu_scaling``, ``collectives``.
+"""Pictures of the GPU benchmarks: ``resnet50_scaling``, ``gpu_scaling``, ``collectives``,
+``bf16_loss_curve``.
 
 Each function takes the payload its script wrote (as read back from JSON) and the
 PNG path, and returns the path; ``_plots.write_plot`` calls them through
@@ -18,11 +19,16 @@ from _plot_common import (
     _thousands,
 )
 
-__all__ = ["plot_collectives", "plot_gpu_scaling", "plot_resnet50_scaling"]
+__all__ = ["plot_bf16_loss_curve", "plot_collectives", "plot_gpu_scaling", "plot_resnet50_scaling"]
+
+
+# What PyTorch runs for each --precision of resnet50_scaling.py.
+_TORCH_PRECISION = {"highest": "full fp32 (allow_tf32=False)", "tf32": "TF32 (allow_tf32=True)",
+                    "bf16": "bf16 autocast + channels_last"}
 
 
 def _gpu_precision_label(precision):
-    return {"highest": "full fp32", "tf32": "TF32"}.get(precision, str(precision))
+    return {"highest": "full fp32", "tf32": "TF32", "bf16": "bf16 mixed"}.get(precision, str(precision))
 
 
 # ------------------------------------------------------------ resnet50_scaling
@@ -83,10 +89,10 @@ def plot_resnet50_scaling(payload, png):
     title = "ResNet training throughput: Synkhronos vs PyTorch DDP"
     caption = [
         _machine_line(payload, gpu=True),
-        "precision of products and convolutions: Synkhronos %s (fork(precision=%r)), PyTorch %s "
-        "(allow_tf32=%s); fp32 values; blocks %s, batch %s images per GPU, %s px, median of %s steps"
-        % (prec, args.get("precision"), prec, args.get("precision") == "tf32", args.get("blocks"),
-           args.get("batch_size"), args.get("image_size"), args.get("steps")),
+        "precision of products and convolutions: Synkhronos %s (fork(precision=%r)), PyTorch %s; "
+        "fp32 parameters; blocks %s, batch %s images per GPU, %s px, median of %s steps"
+        % (prec, args.get("precision"), _TORCH_PRECISION.get(args.get("precision"), prec),
+           args.get("blocks"), args.get("batch_size"), args.get("image_size"), args.get("steps")),
     ]
     return _finish(fig, title, caption, png)
 
@@ -210,5 +216,53 @@ def plot_collectives(payload, png):
         "%s calls per size, fastest of %s passes; all_reduce_split: %s variables in one call; "
         "values correct after the runs: %s"
         % (settings.get("iters"), settings.get("repeats"), settings.get("split"), payload.get("correct")),
+    ]
+    return _finish(fig, title, caption, png)
+
+
+# ------------------------------------------------------------- bf16_loss_curve
+def plot_bf16_loss_curve(payload, png):
+    """Training loss per step with full float32 and bf16 mixed precision, and their
+    difference.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``bf16_loss_curve.py`` wrote: ``runs`` (``highest`` and ``bf16``, each
+        with ``losses`` and ``images_per_s``, or None for a failed run),
+        ``difference`` (bf16 minus float32 loss per step, or None), ``args`` and
+        ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    args = payload.get("args") or {}
+    runs = payload["runs"]
+    fig, (ax, ax_rel) = _figure("bf16_loss_curve", 2)
+    for precision, color in (("highest", "C0"), ("bf16", "C1")):
+        run = runs.get(precision)
+        if run:
+            ax.plot(range(1, len(run["losses"]) + 1), run["losses"], color=color, lw=1.5,
+                    label="%s (%.0f images/s)" % (_gpu_precision_label(precision), run["images_per_s"]))
+    _style(ax, "training step", "loss (softmax cross-entropy)", "Loss")
+    diff = payload.get("difference")
+    if diff:
+        ax_rel.plot(range(1, len(diff) + 1), diff, color="C3", lw=1.2)
+        ax_rel.axhline(0, color=_GREY, lw=0.8)
+    _style(ax_rel, "training step", "bf16 loss - fp32 loss", "Difference", legend=False)
+    blocks = args.get("blocks")
+    model = "ResNet-50" if blocks == "3,4,6,3" and args.get("width") == 64 else "ResNet (blocks %s)" % blocks
+    title = "%s trained with bf16 mixed precision against full float32" % model
+    caption = [
+        _machine_line(payload, gpu=not args.get("cpu")),
+        "fork(precision='highest') and fork(precision='bf16') on 1 rank, same initial parameters, "
+        "the same %s synthetic batches of %s images (%s px, %s classes) cycled, momentum SGD, "
+        "learning rate %s"
+        % (args.get("batches"), args.get("batch_size"), args.get("image_size"), args.get("classes"),
+           args.get("learning_rate")),
     ]
     return _finish(fig, title, caption, png)

@@ -9,7 +9,9 @@ shared variables (the demo's gpu_data pattern).  PyTorch trains
 already on the GPU.  Both: fp32 parameters and data, the same ``--precision`` for
 matrix products and convolutions (``highest``: full float32 on both sides, i.e.
 ``synk.fork(precision='highest')`` and PyTorch with TF32 off for cuBLAS and cuDNN;
-``tf32``: TensorFloat-32 on both sides), ``--batch-size`` images per GPU,
+``tf32``: TensorFloat-32 on both sides; ``bf16``: mixed precision, i.e.
+``synk.fork(precision='bf16')`` against PyTorch's bf16 autocast with channels-last
+tensors, the configuration a speed-minded PyTorch user picks), ``--batch-size`` images per GPU,
 momentum SGD (learning rate 0.01), and the loss fetched to the host every step.
 Each setting runs in its own processes; images/s is the median over the timed
 steps.
@@ -29,6 +31,13 @@ import numpy as np
 from _common import default_out, gpu_name, machine_info, median, print_machine, table, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# --precision: what each side runs (Synkhronos, PyTorch).
+PRECISION_LABELS = {
+    "highest": ("full fp32 (fork(precision='highest'))", "full fp32 (allow_tf32=False for cuBLAS and cuDNN)"),
+    "tf32": ("TF32 (fork(precision='tf32'))", "TF32 (allow_tf32=True for cuBLAS and cuDNN)"),
+    "bf16": ("bf16 products and convolutions, fp32 elsewhere (fork(precision='bf16'))",
+             "bf16 autocast + channels_last"),
+}
 
 
 def synk_child(args, n):
@@ -84,21 +93,24 @@ def _ddp_rank(rank, n, port, args, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     tf32 = args.precision == "tf32"
+    bf16 = args.precision == "bf16"  # autocast: convolutions and matmuls in bf16, the rest fp32
     torch.backends.cuda.matmul.allow_tf32 = tf32  # PyTorch's default: False
     torch.backends.cudnn.allow_tf32 = tf32  # PyTorch's default: True
-    model = torchvision.models.resnet50(num_classes=args.classes).cuda()
+    layout = torch.channels_last if bf16 else torch.contiguous_format
+    model = torchvision.models.resnet50(num_classes=args.classes).cuda().to(memory_format=layout)
     if n > 1:
         torch.distributed.init_process_group("nccl", rank=rank, world_size=n)
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     lossf = torch.nn.CrossEntropyLoss()
     b, size = args.batch_size, args.image_size
-    x = torch.randn(b, 3, size, size, device="cuda")
+    x = torch.randn(b, 3, size, size, device="cuda").to(memory_format=layout)
     y = torch.randint(0, args.classes, (b,), device="cuda")
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = lossf(model(x), y)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = lossf(model(x), y)
         loss.backward()
         opt.step()
         return loss.item()
@@ -158,8 +170,9 @@ def parse_args(argv=None):
     p.add_argument("--blocks", default="3,4,6,3", help="bottleneck blocks per stage (ResNet-50: 3,4,6,3)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--classes", type=int, default=1000)
-    p.add_argument("--precision", choices=("highest", "tf32"), default="highest",
-                   help="float32 products and convolutions on both sides: full float32 or TF32")
+    p.add_argument("--precision", choices=sorted(PRECISION_LABELS), default="highest",
+                   help="products and convolutions on both sides: full float32, TF32, or bf16 mixed "
+                        "precision (PyTorch: autocast + channels_last)")
     p.add_argument("--skip-ddp", action="store_true", help="Synkhronos only")
     p.add_argument("--timeout", type=int, default=900, help="seconds per setting")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
@@ -215,11 +228,10 @@ def main(argv=None):
                            ((r["synk_images_per_s"], "%.0f"), (r["synk_efficiency"], "%.3f"),
                             (r["ddp_images_per_s"], "%.0f"), (r["ddp_efficiency"], "%.3f"),
                             (r["synk_over_ddp"], "%.2f"))] for r in records]
-    label = {"highest": "full fp32", "tf32": "TF32"}[args.precision]
-    print("\nResNet (blocks %s), fp32 values, batch %d per GPU, %d px: images/s (median of %d steps)"
+    print("\nResNet (blocks %s), fp32 parameters, batch %d per GPU, %d px: images/s (median of %d steps)"
           % (args.blocks, args.batch_size, args.image_size, args.steps))
-    print("precision of products and convolutions: synk %s (fork(precision=%r)); PyTorch %s "
-          "(allow_tf32=%s for cuBLAS and cuDNN)" % (label, args.precision, label, args.precision == "tf32"))
+    print("precision of products and convolutions: synk %s; PyTorch %s"
+          % (PRECISION_LABELS[args.precision][0], PRECISION_LABELS[args.precision][1]))
     print(table(["GPUs", "synk img/s", "synk efficiency", "DDP img/s", "DDP efficiency", "synk/DDP"], rows))
     print("targets: synk efficiency >= 0.97 at 2 GPUs; synk/DDP >= 0.9 on 1 GPU")
     write_results(args.out or default_out(__file__), payload)

@@ -33,7 +33,7 @@ def _default_float32():
                     "e.g. PYTENSOR_FLAGS=floatX=float64, to keep another)")
 
 
-_PRECISIONS = ("highest", "tf32")
+_PRECISIONS = ("highest", "tf32", "bf16")
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -66,12 +66,20 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         Record a cProfile of each worker, written to the temp directory on close.
     max_n_var, max_dim : int, optional
         Accepted for compatibility; nothing here needs fixed sizes.
-    precision : {'highest', 'tf32'}, optional
-        How GPU ranks compute float32 matrix products and convolutions:
+    precision : {'highest', 'tf32', 'bf16'}, optional
+        How float32 matrix products and convolutions are computed:
         ``'highest'`` (default) in full float32, so results match PyTensor on
-        the CPU to float32 accuracy; ``'tf32'`` in TensorFloat-32 (a 10-bit
-        mantissa, ~1e-3 relative error), faster on Ampere and later GPUs.  CPU
-        workers always compute in full float32.
+        the CPU to float32 accuracy; ``'tf32'``: GPU ranks use TensorFloat-32
+        (a 10-bit mantissa, ~1e-3 relative error), faster on Ampere and later
+        GPUs, and CPU workers still compute in full float32; ``'bf16'``: mixed
+        precision, every rank rounds the inputs and results of Synkhronos
+        functions' float32 matrix products and convolutions to bfloat16 (an
+        8-bit mantissa) and accumulates in float32, while all else (parameters,
+        optimizer state, reductions, softmax, batch-norm statistics, the loss,
+        collectives) stays float32.  GPU ranks run those on bfloat16 tensor
+        cores; CPU workers emulate them with numpy (slowly) and give the same
+        numbers up to float32 summation order.  Plain PyTensor functions are
+        never changed.
     timeout : float or None, optional
         Seconds a worker may take to answer any request (a call, a collective,
         ``distribute()``, ...) before the master gives up on it (default 300).
@@ -118,7 +126,8 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     _check_int(max_dim, "max_dim", 1)
     timeout = _check_timeout(timeout)
     if not isinstance(precision, str) or precision not in _PRECISIONS:
-        raise ValueError("precision must be 'highest' (full float32) or 'tf32', got %r" % (precision,))
+        raise ValueError("precision must be 'highest' (full float32), 'tf32' or 'bf16', got %r"
+                         % (precision,))
     device = _runtime.default_device(use_gpu, precision)
     available = device.available()
     n = available if n_parallel is None else _check_int(n_parallel, "n_parallel", 1)

@@ -38,8 +38,9 @@ JAX_DTYPE_WARNING = "Explicitly requested dtype (int64|float64|uint64) requested
 def compiler_warnings_hidden(linker=None):
     """Hide the warnings that PyTensor's backends raise while they compile a
     function, about code PyTensor generates, which a user cannot act on: the
-    JAX backend's copies of random generators (see ``compile_function``) and
-    JAX's 32-bit dtypes (``JAX_DTYPE_WARNING``).
+    JAX backend's copies of random generators (see ``compile_function``),
+    JAX's 32-bit dtypes (``JAX_DTYPE_WARNING``) and Numba's object mode for the
+    bf16 emulation (``synkhronos._mixed``).
 
     For compiling only: ``warnings.catch_warnings`` swaps the process's filters
     while the block runs, which costs microseconds and is not thread-safe, so
@@ -59,6 +60,10 @@ def compiler_warnings_hidden(linker=None):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The RandomType SharedVariables", category=UserWarning)
         warnings.filterwarnings("ignore", message=JAX_DTYPE_WARNING, category=UserWarning)
+        # fork(precision="bf16") on CPU workers: the emulation is a Python perform by design
+        # (see _mixed), which Numba runs in object mode and says so for each node.
+        warnings.filterwarnings("ignore", message="Numba will use object mode to run Bf16",
+                                category=UserWarning)
         yield
 
 

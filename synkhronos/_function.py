@@ -175,6 +175,10 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         if s.ndim == 0:
             raise TypeError("sliceable shared variable %r is 0-d and cannot be sliced" % (s,))
     kwargs = rt.device.function_kwargs(kwargs)
+    if rt.device.precision == "bf16":
+        from ._mixed import bf16_mode
+
+        kwargs["mode"] = bf16_mode(kwargs.get("mode"))  # fork(precision="bf16"): see _mixed
     if is_jax_mode(kwargs.get("mode")):
         from ._jax_shapes import jax_mode
 

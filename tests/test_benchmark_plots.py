@@ -26,8 +26,9 @@ import _plots  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # (width, height) in pixels of each benchmark's picture.
-PIXELS = {"call_overhead": (1500, 500), "collectives": (1300, 550), "cpu_scaling": (1200, 500),
-          "gpu_scaling": (1200, 500), "resnet50_scaling": (1200, 500), "soak": (1200, 500)}
+PIXELS = {"bf16_loss_curve": (1200, 500), "call_overhead": (1500, 500), "collectives": (1300, 550),
+          "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500), "resnet50_scaling": (1200, 500),
+          "soak": (1200, 500)}
 ENV = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
 
 
@@ -162,7 +163,19 @@ def _call_overhead_gpu_payload():
     return mod.make_payload(_machine(gpus=8), args, sessions, [40e-6] * 10, None, [])
 
 
+def _bf16_loss_curve_payload():
+    mod = _script("bf16_loss_curve")
+    args = mod.parse_args([])
+    steps = np.arange(200)
+    runs = {"highest": {"losses": list(7.0 * np.exp(-steps / 60)), "images_per_s": 800.0},
+            "bf16": {"losses": list(7.0 * np.exp(-steps / 58)), "images_per_s": 2600.0}}
+    payload = mod.make_payload(_machine(gpus=1), args, runs)
+    assert np.allclose(payload["difference"], np.array(runs["bf16"]["losses"]) - runs["highest"]["losses"])
+    return payload
+
+
 GPU_PAYLOADS = {
+    "bf16_loss_curve": _bf16_loss_curve_payload,
     "collectives": _collectives_payload,
     "gpu_scaling": _gpu_scaling_payload,
     "resnet50_scaling": _resnet_payload,

@@ -28,10 +28,15 @@ class CpuDevice:
     queued = False  # a call's work is done when its reply comes
     reduces_outputs = False  # function outputs are reduced in the master
     reduce_dtypes = ()
-    status = ""  # nothing to add to fork()'s status line
-
     def __init__(self, precision="highest"):
-        self.precision = precision  # CPUs compute float32 in full float32 either way
+        self.precision = precision  # full float32 for 'tf32' too; 'bf16' is emulated (synkhronos._mixed)
+
+    @property
+    def status(self):
+        """What the status line of ``fork()`` says about this device's numerics."""
+        if self.precision == "bf16":
+            return "bf16 matrix products and convolutions emulated with numpy (slow)"
+        return ""
 
     def available(self):
         return usable_cores()

@@ -33,7 +33,8 @@ _JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 # fork(precision=...) -> JAX's default precision of float32 matrix products and
 # convolutions.  JAX's own default on Hopper is TensorFloat-32 (a 10-bit
 # mantissa): ``x.dot(y)`` then differs from the CPU by ~1e-3 relative.
-PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32"}
+# bf16 is a graph rewrite (synkhronos._mixed): what it leaves in float32 stays full float32.
+PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32", "bf16": "highest"}
 _PRECISION_ENV = "JAX_DEFAULT_MATMUL_PRECISION"
 _SAVED_IDS = "SYNK_GPU_IDS"  # the GPUs the master could see before fork() narrowed it
 # NVLink multicast stays off: NCCL's NVLS can take a shared host's GPUs out of service.
@@ -109,7 +110,8 @@ class GpuDevice:
         self.gpu_ids = visible_gpus() if gpu_ids is None else list(gpu_ids)
         if precision is None:  # a worker: the master's choice comes in the environment
             jax_name = os.environ.get(_PRECISION_ENV, PRECISIONS["highest"])
-            precision = {v: k for k, v in PRECISIONS.items()}.get(jax_name, jax_name)
+            # Only JAX's setting travels: "bf16" is a rewrite the master applies.
+            precision = next((k for k, v in PRECISIONS.items() if v == jax_name), jax_name)
         self.precision = precision
         self._comm = None
         self._stream = None
@@ -172,6 +174,9 @@ class GpuDevice:
         """What the status line of ``fork()`` says about this device's numerics."""
         if self.precision == "highest":
             return "float32 matmul precision: highest (full float32)"
+        if self.precision == "bf16":
+            return ("float32 matmul precision: bf16 (bfloat16 matrix products and convolutions, "
+                    "float32 accumulation and everything else)")
         return "float32 matmul precision: tf32 (TensorFloat-32, ~1e-3 relative error)"
 
     def worker_env(self, rank, n_parallel):

@@ -505,7 +505,8 @@ FORK_CASES = [
     ("use_gpu='yes'", dict(n_parallel=2, use_gpu="yes"), TypeError, "use_gpu.*got 'yes'"),
     ("max_n_var=0", dict(n_parallel=2, use_gpu=False, max_n_var=0), ValueError, "max_n_var.*got 0"),
     ("max_dim='a'", dict(n_parallel=2, use_gpu=False, max_dim="a"), TypeError, "max_dim.*got 'a'"),
-    ("precision='fp16'", dict(n_parallel=2, precision="fp16"), ValueError, "precision.*'tf32', got 'fp16'"),
+    ("precision='fp16'", dict(n_parallel=2, precision="fp16"), ValueError,
+     "precision.*'tf32' or 'bf16', got 'fp16'"),
     ("precision=None", dict(n_parallel=2, precision=None), ValueError, "precision.*got None"),
 ]
 

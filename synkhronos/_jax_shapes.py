@@ -38,32 +38,19 @@ from pytensor.tensor.basic import ARange, MakeVector, ScalarFromTensor, TensorFr
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import Shape_i
 
+from ._wrapping import WrappingOp
+
 __all__ = ["ConcreteCheck", "ConcreteShapeOp", "ConcreteShapes", "TAG", "jax_mode"]
 
 TAG = "synk_concrete_shapes"
 
 
-class ConcreteShapeOp(Op):
+class ConcreteShapeOp(WrappingOp):
     """``op`` applied to values known when JAX traces (shapes and constants);
     evaluated with numpy at trace time (see module docstring)."""
 
-    __props__ = ("op",)
-
-    def __init__(self, op):
-        self.op = op
-
-    def make_node(self, *inputs):
-        inner = self.op.make_node(*inputs)
-        return Apply(self, list(inner.inputs), [out.type() for out in inner.outputs])
-
-    def inner_node(self, node):
-        return self.op.make_node(*node.inputs)
-
     def perform(self, node, inputs, outputs):
         self.op.perform(self.inner_node(node), inputs, outputs)
-
-    def infer_shape(self, fgraph, node, shapes):
-        return self.op.infer_shape(fgraph, self.inner_node(node), shapes)
 
     def __str__(self):
         return "Concrete{%s}" % (self.op,)

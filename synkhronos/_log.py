@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 
+from ._protocol import env_nonnegative
+
 __all__ = ["LOGGER_NAME", "LEVEL_ENV", "NOTICE_ENV", "parse_level", "configure", "worker_level",
            "set_level", "compile_notice", "CompileNotice"]
 
@@ -134,8 +136,6 @@ def set_level(level):
 
 
 def _notice_delay():
-    from ._protocol import env_nonnegative
-
     return env_nonnegative(NOTICE_ENV, _DEFAULT_NOTICE_S, "seconds")
 
 

@@ -27,10 +27,10 @@ Synkhronos adds the rewrite (tag ``synk_bf16``) to its functions only when
 import numpy as np
 from pytensor.compile import optdb
 from pytensor.compile.mode import Mode, get_mode
-from pytensor.graph.basic import Apply
-from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import GraphRewriter
 from pytensor.tensor.math import Dot
+
+from ._wrapping import WrappingOp
 
 __all__ = ["Bf16Op", "Bf16Products", "TAG", "bf16_mode", "round_to_bf16"]
 
@@ -52,22 +52,9 @@ def _wrapped_types():
     return (Dot, Conv2d, Conv2dGradInput, Conv2dGradWeight)
 
 
-class Bf16Op(Op):
+class Bf16Op(WrappingOp):
     """``op`` computed with bfloat16 inputs and result, float32 accumulation
     (see the module docstring); its variables stay float32."""
-
-    __props__ = ("op",)
-
-    def __init__(self, op):
-        self.op = op
-
-    def make_node(self, *inputs):
-        inner = self.op.make_node(*inputs)
-        return Apply(self, list(inner.inputs), [out.type() for out in inner.outputs])
-
-    def inner_node(self, node):
-        """The node of the wrapped op on the same inputs."""
-        return self.op.make_node(*node.inputs)
 
     def perform(self, node, inputs, outputs):
         """Emulation with numpy: round the float32 inputs, compute, round the result."""
@@ -77,10 +64,6 @@ class Bf16Op(Op):
         self.op.perform(inner, rounded, results)
         for out, (value,), var in zip(outputs, results, node.outputs):
             out[0] = round_to_bf16(value) if var.dtype == "float32" else value
-
-    def infer_shape(self, fgraph, node, shapes):
-        """The wrapped op's shapes."""
-        return self.op.infer_shape(fgraph, self.inner_node(node), shapes)
 
     def __str__(self):
         return "Bf16{%s}" % (self.op,)

@@ -28,6 +28,7 @@ class CpuDevice:
     queued = False  # a call's work is done when its reply comes
     reduces_outputs = False  # function outputs are reduced in the master
     reduce_dtypes = ()
+
     def __init__(self, precision="highest"):
         self.precision = precision  # full float32 for 'tf32' too; 'bf16' is emulated (synkhronos._mixed)
 

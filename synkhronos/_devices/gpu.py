@@ -166,8 +166,9 @@ class GpuDevice:
 
         jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
         jax.config.update("jax_default_matmul_precision", PRECISIONS[self.precision])
-        warnings.filterwarnings("ignore", message="Explicitly requested dtype (int64|float64|uint64) "
-                                "requested in .* is not available", category=UserWarning)
+        from .._core import JAX_DTYPE_WARNING
+
+        warnings.filterwarnings("ignore", message=JAX_DTYPE_WARNING, category=UserWarning)
 
     @property
     def status(self):

@@ -23,12 +23,15 @@ __all__ = ["plot_bf16_loss_curve", "plot_collectives", "plot_gpu_scaling", "plot
 
 
 # What PyTorch runs for each --precision of resnet50_scaling.py.
-_TORCH_PRECISION = {"highest": "full fp32 (allow_tf32=False)", "tf32": "TF32 (allow_tf32=True)",
-                    "bf16": "bf16 autocast + channels_last"}
+_TORCH_PRECISION = {"highest": "full fp32 (allow_tf32=False)", "fp32": "full fp32 (allow_tf32=False)",
+                    "tf32": "TF32 (allow_tf32=True)", "bf16": "bf16 autocast + channels_last"}
+# resnet50_scaling's --precision names, by fork()'s (fp32 is fork's "highest").
+_FORK_PRECISION = {"fp32": "highest"}
 
 
 def _gpu_precision_label(precision):
-    return {"highest": "full fp32", "tf32": "TF32", "bf16": "bf16 mixed"}.get(precision, str(precision))
+    labels = {"highest": "full fp32", "fp32": "full fp32", "tf32": "TF32", "bf16": "bf16 mixed"}
+    return labels.get(precision, str(precision))
 
 
 # ------------------------------------------------------------ resnet50_scaling
@@ -53,7 +56,8 @@ def plot_resnet50_scaling(payload, png):
     args = payload.get("args") or {}
     recs = payload["results"]
     ns = [r["gpus"] for r in recs]
-    prec = _gpu_precision_label(args.get("precision"))
+    precision = args.get("precision")
+    prec = _gpu_precision_label(precision)
     fig, (ax, ax_eff) = _figure("resnet50_scaling", 2)
     sides = (("synk", "Synkhronos", "C0", "o"), ("ddp", "PyTorch DDP", "C1", "s"))
     for key, label, color, marker in sides:
@@ -90,9 +94,11 @@ def plot_resnet50_scaling(payload, png):
     caption = [
         _machine_line(payload, gpu=True),
         "precision of products and convolutions: Synkhronos %s (fork(precision=%r)), PyTorch %s; "
-        "fp32 parameters; blocks %s, batch %s images per GPU, %s px, median of %s steps"
-        % (prec, args.get("precision"), _TORCH_PRECISION.get(args.get("precision"), prec),
-           args.get("blocks"), args.get("batch_size"), args.get("image_size"), args.get("steps")),
+        "fp32 parameters; synk convolution layout %s; blocks %s, batch %s images per GPU, %s px, "
+        "median of %s steps"
+        % (prec, _FORK_PRECISION.get(precision, precision), _TORCH_PRECISION.get(precision, prec),
+           args.get("layout", "NCHW"), args.get("blocks"), args.get("batch_size"), args.get("image_size"),
+           args.get("steps")),
     ]
     return _finish(fig, title, caption, png)
 

@@ -15,6 +15,8 @@ tensors, the configuration a speed-minded PyTorch user picks), ``--batch-size`` 
 momentum SGD (learning rate 0.01), and the loss fetched to the host every step.
 Each setting runs in its own processes; images/s is the median over the timed
 steps.
+``--layout NHWC`` transposes Synkhronos's convolutions to channels-last for XLA
+(``SYNKHRONOS_CONV_LAYOUT``), to compare with the graph's NCHW.
 Targets: Synkhronos scaling efficiency >= 0.97 at 2 GPUs; its 1-GPU images/s
 >= 0.9x PyTorch's.
 """
@@ -33,11 +35,14 @@ from _common import default_out, gpu_name, machine_info, median, print_machine, 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # --precision: what each side runs (Synkhronos, PyTorch).
 PRECISION_LABELS = {
-    "highest": ("full fp32 (fork(precision='highest'))", "full fp32 (allow_tf32=False for cuBLAS and cuDNN)"),
+    "fp32": ("full fp32 (fork(precision='highest'))", "full fp32 (allow_tf32=False for cuBLAS and cuDNN)"),
     "tf32": ("TF32 (fork(precision='tf32'))", "TF32 (allow_tf32=True for cuBLAS and cuDNN)"),
     "bf16": ("bf16 products and convolutions, fp32 elsewhere (fork(precision='bf16'))",
              "bf16 autocast + channels_last"),
 }
+
+PRECISION_LABELS["highest"] = PRECISION_LABELS["fp32"]  # the fork() name, kept as an alias
+FORK_PRECISION = {"fp32": "highest"}
 
 
 def synk_child(args, n):
@@ -50,7 +55,8 @@ def synk_child(args, n):
     import synkhronos as synk
     from synkhronos.extensions import nnet, train, updates
 
-    synk.fork(n, use_gpu=True, precision=args.precision)
+    os.environ[nnet.LAYOUT_ENV] = args.layout
+    synk.fork(n, use_gpu=True, precision=FORK_PRECISION.get(args.precision, args.precision))
     fx = pytensor.config.floatX
     rng = np.random.default_rng(0)
     blocks = [int(b) for b in args.blocks.split(",")]
@@ -170,9 +176,11 @@ def parse_args(argv=None):
     p.add_argument("--blocks", default="3,4,6,3", help="bottleneck blocks per stage (ResNet-50: 3,4,6,3)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--classes", type=int, default=1000)
-    p.add_argument("--precision", choices=sorted(PRECISION_LABELS), default="highest",
+    p.add_argument("--precision", choices=sorted(PRECISION_LABELS), default="fp32",
                    help="products and convolutions on both sides: full float32, TF32, or bf16 mixed "
                         "precision (PyTorch: autocast + channels_last)")
+    p.add_argument("--layout", choices=("NCHW", "NHWC"), default="NCHW",
+                   help="layout Synkhronos's JAX convolutions hand to XLA (SYNKHRONOS_CONV_LAYOUT)")
     p.add_argument("--skip-ddp", action="store_true", help="Synkhronos only")
     p.add_argument("--timeout", type=int, default=900, help="seconds per setting")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
@@ -232,6 +240,7 @@ def main(argv=None):
           % (args.blocks, args.batch_size, args.image_size, args.steps))
     print("precision of products and convolutions: synk %s; PyTorch %s"
           % (PRECISION_LABELS[args.precision][0], PRECISION_LABELS[args.precision][1]))
+    print("synk convolution layout handed to XLA: %s" % args.layout)
     print(table(["GPUs", "synk img/s", "synk efficiency", "DDP img/s", "DDP efficiency", "synk/DDP"], rows))
     print("targets: synk efficiency >= 0.97 at 2 GPUs; synk/DDP >= 0.9 on 1 GPU")
     write_results(args.out or default_out(__file__), payload)

@@ -162,6 +162,26 @@ def test_jax_implementation_matches_numpy():
         np.testing.assert_allclose(np.asarray(r), e, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.skipif(not HAS_JAX, reason="JAX not installed")
+def test_jax_channels_last_layout_matches_numpy(monkeypatch):
+    """SYNKHRONOS_CONV_LAYOUT=NHWC hands XLA transposed operands: same numbers."""
+    import jax
+
+    from synkhronos.extensions import nnet
+
+    xv, w1, w2 = _cnn_case(np.random.default_rng(6))
+    ref = _cnn_results("FAST_COMPILE", xv, w1, w2)
+    monkeypatch.setenv(nnet.LAYOUT_ENV, "nhwc")
+    assert nnet.jax_conv_layout() == "NHWC"
+    with jax.default_matmul_precision("highest"):
+        got = _cnn_results("JAX", xv.astype("float32"), w1.astype("float32"), w2.astype("float32"))
+    for r, e in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(r), e, rtol=2e-4, atol=2e-5)
+    monkeypatch.setenv(nnet.LAYOUT_ENV, "NWHC")
+    with pytest.raises(ValueError, match="SYNKHRONOS_CONV_LAYOUT must be one of NCHW, NHWC, got 'NWHC'"):
+        _cnn_results("JAX", xv.astype("float32"), w1.astype("float32"), w2.astype("float32"))
+
+
 def test_bad_arguments():
     x = pt.tensor4("x")
     with pytest.raises(TypeError, match="ndim=3"):

@@ -18,6 +18,7 @@ Theano and cuDNN.  Grouped convolution (``groups``, as PyTorch's and JAX's
 Average pooling counts padding as zeros.
 """
 
+import os
 import zlib
 from importlib.util import find_spec
 from numbers import Integral
@@ -34,7 +35,8 @@ from . import _nnet_numba as numba_kernels
 from ._nnet_kernels import conv_out_size
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "batch_norm", "log_softmax", "softmax_cross_entropy",
-           "Conv2d", "Conv2dGradInput", "Conv2dGradWeight", "Pool2d", "Pool2dGrad"]
+           "jax_conv_layout", "LAYOUT_ENV", "Conv2d", "Conv2dGradInput", "Conv2dGradWeight", "Pool2d",
+           "Pool2dGrad"]
 
 
 def _pair(value, argname):
@@ -341,6 +343,28 @@ def _numba_pool2d_grad(op, node=None, **kwargs):
 
 
 # -------------------------------------------------------------------------- JAX
+LAYOUT_ENV = "SYNKHRONOS_CONV_LAYOUT"
+_LAYOUTS = ("NCHW", "NHWC")
+
+
+def jax_conv_layout():
+    """The layout the JAX convolution hands to XLA: ``$SYNKHRONOS_CONV_LAYOUT``,
+    ``NCHW`` (default: the graph's own) or ``NHWC`` (images transposed to
+    channels-last and filters to HWIO around each convolution).  Read when a
+    function is compiled; workers inherit the master's environment.
+
+    Raises
+    ------
+    ValueError
+        If the variable holds another value.
+    """
+    text = os.environ.get(LAYOUT_ENV, "").strip().upper() or "NCHW"
+    if text not in _LAYOUTS:
+        raise ValueError("%s must be one of %s, got %r" % (LAYOUT_ENV, ", ".join(_LAYOUTS),
+                                                          os.environ[LAYOUT_ENV]))
+    return text
+
+
 def _register_jax():
     import jax
     import jax.numpy as jnp
@@ -349,11 +373,19 @@ def _register_jax():
     def conv(op):
         (sh, sw), (ph, pw), (dh, dw) = op.stride, op.padding, op.dilation
 
-        def f(x, w):
+        def nchw(x, w):
             return jax.lax.conv_general_dilated(
                 x, w, window_strides=(sh, sw), padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
                 dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=op.groups)
-        return f
+
+        def nhwc(x, w):
+            y = jax.lax.conv_general_dilated(
+                x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0), window_strides=(sh, sw),
+                padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
+                dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=op.groups)
+            return y.transpose(0, 3, 1, 2)
+
+        return nhwc if jax_conv_layout() == "NHWC" else nchw
 
     def pool(op):
         (kh, kw), (sh, sw), (ph, pw) = op.ws, op.stride, op.padding

@@ -59,7 +59,8 @@ def plot_resnet50_scaling(payload, png):
     precision = args.get("precision")
     prec = _gpu_precision_label(precision)
     fig, (ax, ax_eff) = _figure("resnet50_scaling", 2)
-    sides = (("synk", "Synkhronos", "C0", "o"), ("ddp", "PyTorch DDP", "C1", "s"))
+    sides = (("synk", "Synkhronos", "C0", "o"), ("ddp", "PyTorch DDP", "C1", "s"),
+             ("synk_mpi", "Synkhronos, mpirun, a host per rank", "C2", "^"))
     for key, label, color, marker in sides:
         rates = [r.get(key + "_images_per_s") for r in recs]
         if all(v is None for v in rates):

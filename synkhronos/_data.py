@@ -75,6 +75,10 @@ class Data:
         self._gen = 0
         self._array = None
         self._ref_cache = None
+        # Counts the chances the user had to change the values (every hand-out of a
+        # writable view): hosts other than the master's take a new copy when it moved.
+        self._version = 0
+        self._published = None  # (segment name, _version) that the other hosts hold
 
     # ---------------------------------------------------------------- properties
     @property
@@ -82,6 +86,7 @@ class Data:
         """The underlying numpy array (a view of the shared memory), or None
         before any memory is allocated.  Read and write it in place; change its
         shape only through ``set_value``/``set_shape``/``set_length``."""
+        self._version += 1
         return self._array
 
     @property
@@ -130,9 +135,11 @@ class Data:
         return self._array
 
     def __getitem__(self, k):
+        self._version += 1  # a view, which may be written
         return self._require_array()[k]
 
     def __setitem__(self, k, v):
+        self._version += 1
         self._require_array()[k] = v
 
     def __len__(self):
@@ -141,6 +148,7 @@ class Data:
         return len(self._require_array())
 
     def __array__(self, dtype=None, copy=None):
+        self._version += 1
         arr = self._require_array()
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             return arr.astype(dtype)
@@ -268,6 +276,7 @@ class Data:
             self._allocate(max(int(items * oversize), items), old if keep else None)
         self._array = self._seg.array(self._dtype, shape)
         self._ref_cache = array_ref(self._seg.name, 0, self._dtype, shape)
+        self._version += 1
 
     def _allocate(self, items, old):
         rt = self._rt
@@ -283,7 +292,8 @@ class Data:
         if prev is not None:
             prev.unlink()
             prev.close()
-        rt.request(Command.MAP_DATA, seg.name)
+        # Ranks on other hosts (MPI launch) map their host's copy when a call needs it.
+        rt.request(Command.MAP_DATA, seg.name, ranks=[r for r in rt.worker_ranks if not rt.remote(r)])
 
     def _release(self):
         """Drop this process's memory (no message to workers)."""

@@ -286,7 +286,7 @@ class Function:
             if d.ndim != var.ndim:
                 raise TypeError("input %d (%s) needs ndim %d, got Data of ndim %d"
                                 % (i, var, var.ndim, d.ndim))
-            if d.data is None:
+            if d._array is None:
                 raise ValueError("input %d (%s) is a Data object with no memory allocated" % (i, var))
 
     def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False, **kwargs):
@@ -320,8 +320,8 @@ class Function:
         """Call the function in the master process only, as plain PyTensor
         (updates apply to the master's shared variables).  Inputs may be arrays
         or ``Data``."""
-        args = [a.data if isinstance(a, Data) else a for a in args]
-        kwargs = {k: (v.data if isinstance(v, Data) else v) for k, v in kwargs.items()}
+        args = [a._array if isinstance(a, Data) else a for a in args]
+        kwargs = {k: (v._array if isinstance(v, Data) else v) for k, v in kwargs.items()}
         core = self._core
         results = core.variant(core.full_subset, False, None)(*args, **kwargs)
         return results[0] if self._single else results
@@ -439,6 +439,7 @@ class Function:
                 for d in scat:
                     rank_scat[rank].append(slice(p0, p1) if d.minibatch else sub_selection(sel, p0, p1))
 
+        rt.publish(scat + bcast)  # other hosts' copies (MPI launch)
         bcast_refs = [d._ref() for d in bcast]
         scat_refs = [d._ref() for d in scat]
         payloads = {
@@ -446,7 +447,7 @@ class Function:
             for r in rt.worker_ranks
         }
         m = rt.master_rank
-        args = ([(d.data, s) for d, s in zip(scat, rank_scat[m])], [d.data for d in bcast],
+        args = ([(d._array, s) for d, s in zip(scat, rank_scat[m])], [d._array for d in bcast],
                 share_sels[m], subset, num_slices)
         # On GPUs, outputs of static shape are reduced into the master on the
         # device; every rank makes the same choice from the same facts.

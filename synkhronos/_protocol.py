@@ -17,7 +17,7 @@ import select
 import time
 import traceback
 
-__all__ = ["Command", "Receiver", "ok", "failure", "spin_seconds", "env_nonnegative"]
+__all__ = ["Command", "Receiver", "ok", "failure", "spin_seconds", "env_nonnegative", "env_flag"]
 
 # How long a process polls for the next message before it blocks: a process
 # woken from sleep runs its first microseconds slowly, so a short poll makes
@@ -49,6 +49,27 @@ def env_nonnegative(name, default, unit):
     return value
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(name, default):
+    """The boolean in environment variable ``name`` (1/0, true/false, yes/no,
+    on/off, any case), or ``default`` when it is unset or blank.
+
+    Raises
+    ------
+    ValueError
+        For any other value (the message names the variable and the value).
+    """
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    word = text.strip().lower()
+    if word not in _TRUE + _FALSE:
+        raise ValueError("%s must be 1 or 0 (or true/false, yes/no, on/off), got %r" % (name, text))
+    return word in _TRUE
+
+
 def spin_seconds():
     """Seconds to poll before blocking: ``$SYNKHRONOS_SPIN_US`` (microseconds)
     if set, else ``SPIN_DEFAULT``.  Read at ``fork()``; workers get the master's.
@@ -73,9 +94,10 @@ class Command(enum.IntEnum):
     SEND_SHAREDS = 5  # return values of shared variables
     SET_SHAREDS = 6  # overwrite values of shared variables
     GET_SHAPES = 7  # return shapes of shared variables
-    NCCL_INIT = 8  # join the NCCL communicator
+    NCCL_INIT = 8  # join the NCCL communicator (MPI's, for CPU ranks launched by MPI)
     NCCL = 9  # queue a device collective on shared variables
     SYNC = 10  # wait until this rank's device work is done
+    HOST_DATA = 11  # (host leaders of other hosts) take a copy of a Data segment over MPI
 
 
 def ok(result=None):
@@ -104,6 +126,15 @@ class Receiver:
         self.spin = spin
         self._poll = select.poll()
         self._poll.register(conn.fileno(), select.POLLIN)
+        self._hup = None
+
+    def hung_up(self):
+        """Whether the other end has closed the connection (its process died),
+        seen without reading anything that is still to be read."""
+        if self._hup is None:
+            self._hup = select.poll()
+            self._hup.register(self.conn.fileno(), getattr(select, "POLLRDHUP", 0x2000))
+        return bool(self._hup.poll(0))
 
     def ready(self, timeout=0.0):
         """Whether a message (or the end of the stream) can be read within

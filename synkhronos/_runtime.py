@@ -33,6 +33,7 @@ __all__ = ["Runtime", "current", "require", "start", "shutdown", "default_device
 _READY_TIMEOUT = 300.0  # seconds for a worker to start (imports numpy, posix_ipc)
 _EXIT_TIMEOUT = 5.0
 _MAX_OWED = 64  # posted commands a worker may be behind before post() waits for a reply
+_DEATH_CHECK_S = 1.0  # while waiting for one worker, how often to check that none died
 
 _runtime = None
 
@@ -86,9 +87,9 @@ def action(name):
     return decorate
 
 
-def start(n_parallel, master_rank, device, profile_workers, timeout=None):
+def start(n_parallel, master_rank, device, profile_workers, timeout=None, cluster=None):
     global _runtime
-    rt = Runtime(n_parallel, master_rank, device, profile_workers, timeout)
+    rt = Runtime(n_parallel, master_rank, device, profile_workers, timeout, cluster)
     _runtime = rt
     try:
         rt.spawn()
@@ -136,9 +137,10 @@ def _pytensor_flags(names, changed_only):
 class _Worker:
     """Master's handle on one worker process."""
 
-    def __init__(self, rank, process, conn, spin):
+    def __init__(self, rank, process, conn, spin, where="this host"):
         self.rank = rank
-        self.process = process
+        self.process = process  # None for a rank that MPI launched
+        self.where = where
         self.conn = conn
         self.receiver = Receiver(conn, spin)
         self.pending_drops = []  # segments of collected Data, dropped with the next command
@@ -173,8 +175,9 @@ def _sigint_deferred():
 class Runtime:
     """All state of a forked Synkhronos session (see module docstring)."""
 
-    def __init__(self, n_parallel, master_rank, device, profile_workers, timeout=None):
+    def __init__(self, n_parallel, master_rank, device, profile_workers, timeout=None, cluster=None):
         self.n_parallel = n_parallel
+        self.cluster = cluster  # the ranks of an MPI launch (synkhronos._mpi.Cluster), or None
         self.master_rank = master_rank
         self.device = device
         self.profile_workers = profile_workers
@@ -203,6 +206,38 @@ class Runtime:
 
     # ----------------------------------------------------------------- processes
     def spawn(self):
+        if self.cluster is not None:
+            self._connect_mpi_ranks()
+        else:
+            self._spawn_processes()
+        if self.device.nccl:
+            t0 = time.monotonic()
+            uid = self.device.new_uid()
+            m = self.master_rank
+            self.request(Command.NCCL_INIT, uid,
+                         local=lambda: self.device.init_comm(self.n_parallel, m, uid))
+            self.device.wait_hook = self.check_posted
+            logger.debug("collective communicator of %d ranks ready after %.2f s", self.n_parallel,
+                         time.monotonic() - t0)
+
+    def _connect_mpi_ranks(self):
+        from . import _mpi
+
+        t0 = time.monotonic()
+        config = dict(token=self.token, n_parallel=self.n_parallel, master_rank=self.master_rank,
+                      device=self.device.name, precision=self.device.precision,
+                      profile=bool(self.profile_workers), profile_dir=tempfile.gettempdir(),
+                      spin=self.spin, log_level=_log.worker_level())
+        conns = _mpi.connect_workers(self.cluster, config)
+        for rank, conn in sorted(conns.items()):
+            self.workers[rank] = _Worker(rank, None, conn, self.spin, self.cluster.where(rank))
+        deadline = time.monotonic() + _READY_TIMEOUT
+        for w in self.workers.values():
+            self._await_ready(w, deadline)
+        logger.debug("%d MPI ranks on %d hosts connected after %.2f s", self.n_parallel,
+                     len(self.cluster.host_names), time.monotonic() - t0)
+
+    def _spawn_processes(self):
         flags = _pytensor_flags(_STARTUP_FLAGS, changed_only=True)
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         path = [pkg_parent] + [p for p in sys.path if p]
@@ -240,29 +275,24 @@ class Runtime:
         for w in self.workers.values():
             self._await_ready(w, deadline)
             logger.debug("worker rank %d ready after %.2f s", w.rank, time.monotonic() - t0)
-        if self.device.nccl:
-            uid = self.device.new_uid()
-            m = self.master_rank
-            self.request(Command.NCCL_INIT, uid,
-                         local=lambda: self.device.init_comm(self.n_parallel, m, uid))
-            self.device.wait_hook = self.check_posted
-            logger.debug("NCCL communicator of %d ranks ready after %.2f s", self.n_parallel,
-                         time.monotonic() - t0)
 
     def _await_ready(self, w, deadline):
         while True:
             if w.conn.poll(0.05):
                 try:
-                    w.conn.recv()
-                    return
+                    okay, result = w.conn.recv()
                 except (EOFError, OSError):
                     break
-            if w.process.poll() is not None or time.monotonic() > deadline:
+                if okay:
+                    return
+                exc_type, message, tb = result
+                raise WorkerError(w.rank, exc_type, "failed to start on %s: %s" % (w.where, message), tb)
+            if (w.process is not None and w.process.poll() is not None) or time.monotonic() > deadline:
                 break
-        code = w.process.poll()
+        code = None if w.process is None else w.process.poll()
         raise RuntimeError(
-            "Synkhronos worker rank %d failed to start (exit code %s); see its output above"
-            % (w.rank, code)
+            "Synkhronos worker rank %d (%s) failed to start (exit code %s); see its output above"
+            % (w.rank, w.where, code)
         )
 
     # ------------------------------------------------------------------ requests
@@ -360,6 +390,8 @@ class Runtime:
                 except WorkerError:
                     self._fail_closed()
                     raise
+            if w.receiver.hung_up() and not w.receiver.ready():
+                self._died(w.rank)
         if self.timeout is not None:
             now = time.monotonic()
             if any(w.busy and now - w.since >= self.timeout for w in self.workers.values()):
@@ -399,10 +431,14 @@ class Runtime:
         """Worker ``w``'s next reply and the label of its command; raises
         ``StallError`` once ``w`` is past the timeout, and EOFError or OSError
         when it died."""
-        if self.timeout is None:
-            w.receiver.wait()
-        else:
-            while not w.receiver.wait(w.since + self.timeout - time.monotonic()):
+        # Waits in slices, checking meanwhile that no other rank died: a rank may be
+        # stuck in a collective with a dead one and never answer.
+        while True:
+            left = None if self.timeout is None else w.since + self.timeout - time.monotonic()
+            if w.receiver.wait(_DEATH_CHECK_S if left is None else min(left, _DEATH_CHECK_S)):
+                break
+            self._check_alive()
+            if left is not None and left <= _DEATH_CHECK_S:
                 self._stall()
         msg = w.conn.recv()
         if w.owed:  # replies come in the order of the commands: posted ones first
@@ -423,7 +459,8 @@ class Runtime:
             return
         labels = {r: (w.owed[0] if w.owed else w.asked) for r, w in stuck.items()}
         waited = {r: now - w.since for r, w in stuck.items()}
-        stacks = _stacks.take({r: w.process.pid for r, w in stuck.items()}, self.tmpdir)
+        stacks = _stacks.take({r: w.process.pid for r, w in stuck.items() if w.process is not None},
+                              self.tmpdir)
         self._fail_closed()
         raise StallError(stuck, labels, self.timeout, stacks, waited)
 
@@ -457,15 +494,25 @@ class Runtime:
                 w.asked = label
         return sent, dead
 
+    def _check_alive(self):
+        """Raise WorkerError for the lowest rank whose process has died."""
+        for w in self.workers.values():
+            if w.receiver.hung_up() and not w.receiver.ready():
+                self._died(w.rank)
+
     def _died(self, rank):
-        try:  # its channel closed, so it is exiting: let it finish, for the exit code
-            code = self.workers[rank].process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            code = None
-        stack = _stacks.crash_stack(self.tmpdir, rank)
+        w = self.workers[rank]
+        code = stack = None
+        if w.process is not None:
+            try:  # its channel closed, so it is exiting: let it finish, for the exit code
+                code = w.process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            stack = _stacks.crash_stack(self.tmpdir, rank)
         self._fail_closed()
-        raise WorkerError(rank, "WorkerDied", "worker process exited unexpectedly (exit code %s); "
-                          "Synkhronos has been closed" % code, stack)
+        how = "" if w.process is None else " (exit code %s)" % code  # an MPI rank's is the launcher's
+        raise WorkerError(rank, "WorkerDied", "worker process on %s exited unexpectedly%s; "
+                          "Synkhronos has been closed" % (w.where, how), stack)
 
     def _round_trip(self, cmd, payload, ranks, local):
         sent, dead = self._send(cmd, payload, self._ranks_for(payload, ranks))
@@ -528,6 +575,26 @@ class Runtime:
                                         before_get=self._settle_if_open)
         self.distributed = True
 
+    def remote(self, rank):
+        """Whether worker ``rank`` runs on another host (MPI launch): it cannot
+        map this host's memory, so arrays travel to it inline."""
+        return self.cluster is not None and self.cluster.remote(rank)
+
+    def publish(self, datas):
+        """Bring the other hosts' copies of ``datas`` (Data objects) up to date:
+        those whose memory or values may have changed since they last travelled
+        go to every other host's leader rank over MPI (see ``_mpi``)."""
+        if self.cluster is None:
+            return
+        leaders = self.cluster.remote_leaders()
+        for d in datas:
+            if not leaders or d._seg is None or d._published == (d._seg.name, d._version):
+                continue
+            used = d._array.reshape(-1).view("u1")
+            self.request(Command.HOST_DATA, (d._seg.name, d._seg.nbytes, used.size), ranks=leaders,
+                         local=functools.partial(self.cluster.bcast_to_leaders, used, self.check_posted))
+            d._published = (d._seg.name, d._version)
+
     def forget_segment(self, name):
         """A Data segment was released in the master without a round trip (the
         object was garbage-collected): workers unmap it with their next command."""
@@ -582,21 +649,26 @@ class Runtime:
         logger.debug("closed%s in %.2f s", " after a failure" if failed else "", time.monotonic() - t0)
 
     def _stop_workers(self, failed):
+        if failed and self.cluster is not None:
+            from . import _mpi
+
+            _mpi.mark_failed()
         for w in self.workers.values():
-            if failed and w.busy:
+            if failed and w.busy and w.process is not None:
                 w.process.kill()
                 continue
-            try:
-                w.conn.send((int(Command.EXIT), None, ()))
+            try:  # a busy rank of an MPI launch ends when it sees the connection close
+                w.conn.send((int(Command.EXIT), failed, ()))
             except OSError:
                 pass
         deadline = time.monotonic() + _EXIT_TIMEOUT
         for w in self.workers.values():
-            try:
-                w.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.process.kill()
-                w.process.wait()
+            if w.process is not None:
+                try:
+                    w.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    w.process.kill()
+                    w.process.wait()
             w.conn.close()
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "Segment",
     "SegmentCache",
     "array_ref",
+    "host_copy_name",
     "new_token",
     "segment_name",
     "unlink_session",
@@ -43,6 +44,15 @@ def new_token():
 def segment_name(token, slot, gen):
     """Name of generation ``gen`` of ``slot`` in session ``token``."""
     return "/%s%s_%s_%d" % (_PREFIX, token, slot, gen)
+
+
+def host_copy_name(name, host):
+    """Name of host ``host``'s copy of the master's segment ``name`` (ranks
+    launched by MPI on other hosts than the master's; see ``_mpi``): its own slot,
+    ``h<host>`` before the master's, so generations still replace each other."""
+    token_slot, gen = name.rsplit("_", 1)
+    token, slot = token_slot.rsplit("_", 1)
+    return "%s_h%d%s_%s" % (token, host, slot, gen)
 
 
 def _slot_of(name):
@@ -110,15 +120,25 @@ def array_ref(name, offset, dtype, shape):
 
 
 class SegmentCache:
-    """Mappings of segments owned by other processes, one per slot."""
+    """Mappings of segments owned by other processes, one per slot.
 
-    def __init__(self):
+    Parameters
+    ----------
+    host : int, optional
+        On a host other than the master's (MPI launch): map this host's copies
+        (``host_copy_name``) of the segments that refs name.
+    """
+
+    def __init__(self, host=None):
         self._by_slot = {}
         self._views = {}  # array ref -> numpy view, reused call after call
+        self._host = host
 
     def segment(self, name):
-        """The mapped segment ``name``, mapping it (and dropping its slot's older
-        generation) if needed."""
+        """The mapped segment ``name`` (this host's copy of it, see ``host``),
+        mapping it (and dropping its slot's older generation) if needed."""
+        if self._host is not None:
+            name = host_copy_name(name, self._host)
         slot = _slot_of(name)
         seg = self._by_slot.get(slot)
         if seg is None or seg.name != name:
@@ -144,6 +164,8 @@ class SegmentCache:
 
     def drop(self, name):
         """Forget the mapping of the slot that ``name`` belongs to."""
+        if self._host is not None:
+            name = host_copy_name(name, self._host)
         seg = self._by_slot.pop(_slot_of(name), None)
         if seg is not None:
             self._close(seg)
@@ -155,9 +177,10 @@ class SegmentCache:
         self._by_slot.clear()
 
 
-def unlink_session(token):
-    """Unlink every segment of session ``token``; returns how many were removed."""
-    prefix = "%s%s_" % (_PREFIX, token)
+def unlink_session(token, slot_prefix=""):
+    """Unlink every segment of session ``token`` (whose slot starts with
+    ``slot_prefix``: ``"h2"`` for host 2's copies); returns how many were removed."""
+    prefix = "%s%s_%s" % (_PREFIX, token, slot_prefix)
     removed = 0
     try:
         names = os.listdir(_SHM_DIR)

@@ -17,6 +17,7 @@ carrying it out: ``hang`` sleeps forever, ``raise`` raises RuntimeError,
 """
 
 import faulthandler
+import functools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import pickle
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -42,22 +44,29 @@ logger = logging.getLogger(__name__)
 
 
 class _WorkerState:
-    def __init__(self, config):
+    def __init__(self, config, cluster=None):
         self.rank = config["rank"]
         self.token = config["token"]
         self.n_parallel = config["n_parallel"]
         self.spin = config["spin"]
         self.master_rank = config["master_rank"]
+        self.cluster = cluster
+        remote = cluster is not None and cluster.remote(self.rank)
         if config["device"] == "gpu":
             from ._devices import gpu
 
             self.device = gpu.GpuDevice(gpu_ids=[])
+        elif cluster is not None:
+            from ._devices import cpu_mpi
+
+            self.device = cpu_mpi.MpiCpuDevice(lambda: cluster.comm)
         else:
             from ._devices import cpu
 
             self.device = cpu.CpuDevice()
-        self.exchange = ExchangeBuffer(self.token, self.rank)
-        self.cache = _shmem.SegmentCache()
+        self.exchange = ExchangeBuffer(self.token, self.rank, inline=remote)
+        self.cache = _shmem.SegmentCache(host=cluster.host if remote else None)
+        self.host_copies = {}  # slot -> Segment: this host's copies of Data (host leaders, MPI)
         self.cores = None
         self.shareds = None
         # Import PyTensor while the master is still building graphs.
@@ -69,10 +78,24 @@ class _WorkerState:
             raise RuntimeError("functions have not been distributed to this worker")
         return self.shareds[ID]
 
+    def drop(self, name):
+        """Forget Data segment ``name``: its mapping, and this host's copy of it."""
+        self.cache.drop(name)
+        if self.cluster is not None and self.cluster.remote(self.rank):
+            local = _shmem.host_copy_name(name, self.cluster.host)
+            seg = self.host_copies.pop(local.rsplit("_", 1)[0], None)
+            if seg is not None:
+                seg.unlink()
+                seg.close()
+
     def close(self):
         self.device.close()
         self.exchange.close()
         self.cache.clear()
+        for seg in self.host_copies.values():
+            seg.unlink()
+            seg.close()
+        self.host_copies.clear()
 
 
 def _import_pytensor():
@@ -118,7 +141,7 @@ def _map_data(state, name):
 
 
 def _drop_data(state, name):
-    state.cache.drop(name)
+    state.drop(name)
 
 
 def _send_shareds(state, ids):
@@ -144,6 +167,21 @@ def _nccl(state, payload):
     return getattr(state.device, "nccl_" + op)([state.shared(i) for i in ids], *args)
 
 
+def _host_data(state, payload):
+    """Take this host's copy of a Data segment from the master, over MPI."""
+    name, nbytes, used = payload
+    local = _shmem.host_copy_name(name, state.cluster.host)
+    slot = local.rsplit("_", 1)[0]
+    seg = state.host_copies.get(slot)
+    if seg is None or seg.name != local:
+        if seg is not None:
+            state.cache.drop(name)
+            seg.unlink()
+            seg.close()
+        seg = state.host_copies[slot] = _shmem.Segment(local, nbytes)
+    state.cluster.bcast_to_leaders(seg.array("u1", (used,)))
+
+
 def _sync(state, payload):
     state.device.synchronize(state.shareds or [])
 
@@ -159,6 +197,7 @@ _HANDLERS = {
     Command.SEND_SHAREDS: _send_shareds,
     Command.SET_SHAREDS: _set_shareds,
     Command.GET_SHAPES: _get_shapes,
+    Command.HOST_DATA: _host_data,
 }
 
 
@@ -196,17 +235,18 @@ class _Faults:
 
 
 def _serve(receiver, state, faults):
-    """Answer commands until EXIT; returns False if the master vanished."""
+    """Answer commands until EXIT; returns None if the master vanished, else
+    EXIT's payload (whether the session failed)."""
     conn = receiver.conn
     while True:
         try:
             cmd, payload, drops = receiver.recv()
         except (EOFError, OSError):
-            return False
+            return None
         for name in drops:
-            state.cache.drop(name)
+            state.drop(name)
         if cmd == Command.EXIT:
-            return True
+            return bool(payload)
         try:
             if faults:
                 faults.before(Command(cmd))
@@ -216,12 +256,13 @@ def _serve(receiver, state, faults):
         try:
             conn.send(reply)
         except (EOFError, OSError):
-            return False
+            return None
 
 
-def _remove_session(token, tmpdir):
-    """What the master would have removed: the session's segments and directory."""
-    _shmem.unlink_session(token)
+def _remove_session(token, tmpdir, slot_prefix=""):
+    """What the master would have removed: the session's segments (those whose
+    slot starts with ``slot_prefix``) and the temporary directory."""
+    _shmem.unlink_session(token, slot_prefix)
     shutil.rmtree(tmpdir, ignore_errors=True)
 
 
@@ -235,21 +276,41 @@ def _watch_master(master_pid, token, tmpdir):
             os._exit(1)
 
 
-def main():
-    # Ctrl-C reaches the whole process group; only the master handles it and
-    # then closes the workers in order.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from multiprocessing.connection import Connection
+def _watch_connection(receiver, done, remove):
+    """For ranks launched by MPI, whose parent is the launcher: exit once the
+    master's end of the connection is closed (it died, or closed the session
+    while this rank was stuck, say in a collective with a dead rank), unless
+    the main thread is already leaving in order (``done`` set)."""
+    while not receiver.hung_up():
+        time.sleep(_WATCH_S)
+    if done.wait(2.0):
+        return
+    remove()
+    os._exit(1)
 
-    config = json.loads(os.environ.pop("SYNK_WORKER"))
+
+def _run(config, conn, cluster=None, prepare=None):
+    """Serve the master on ``conn`` until it closes the session; returns EXIT's
+    payload (whether the session failed), or None if the master vanished.
+    ``prepare()``, if given, sets this process up first (its failure, like any
+    at start-up, is sent to the master, which is waiting for this rank)."""
     rank, token, tmpdir = config["rank"], config["token"], config["tmpdir"]
     _log.set_level(config["log_level"])  # the master's, which may differ from SYNKHRONOS_LOG_LEVEL
     stack_file = _stacks.enable(tmpdir, rank)
-    threading.Thread(target=_watch_master, args=(os.getppid(), token, tmpdir), daemon=True,
-                     name="synkhronos-watchdog").start()
     faults = _Faults(os.environ.get(FAULT_ENV), rank)
-    conn = Connection(config["fd"])
-    state = _WorkerState(config)
+    try:
+        if prepare is not None:
+            prepare()
+        state = _WorkerState(config, cluster)
+    except Exception as exc:  # say why to the master, which is waiting for this rank
+        conn.send(failure(exc))
+        raise
+    receiver = Receiver(conn, state.spin)
+    done = threading.Event()
+    if cluster is not None:
+        own = "h%d" % cluster.host if cluster.remote(rank) else "r%d" % rank
+        threading.Thread(target=_watch_connection, daemon=True, name="synkhronos-watchdog",
+                         args=(receiver, done, lambda: _remove_session(token, tmpdir, own))).start()
     profiler = None
     if config["profile"]:
         import cProfile
@@ -258,9 +319,10 @@ def main():
         profiler.enable()
     conn.send(ok(os.getpid()))
     logger.debug("worker rank %d (pid %d) ready", rank, os.getpid())
-    orderly = False
+    ended = None
     try:
-        orderly = _serve(Receiver(conn, state.spin), state, faults)
+        ended = _serve(receiver, state, faults)
+        done.set()
     finally:
         if profiler is not None:
             profiler.disable()
@@ -269,15 +331,76 @@ def main():
             profiler.dump_stats(path)
             logger.info("Synkhronos worker rank %d profile written to %s", rank, path)
         state.close()
-        if not orderly:
+        if ended is None and cluster is None:
             # The master died without closing: nobody else will clean up.
             _remove_session(token, tmpdir)
+        elif cluster is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
         conn.close()
         faulthandler.disable()
         stack_file.close()
+    return ended
+
+
+def _exit_now(code=0):
     # Everything is released: skip the interpreter's teardown of every loaded
     # module (a quarter of a second with PyTensor loaded), as multiprocessing's
     # children do.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
+
+
+def main():
+    """Entry point of a worker that ``fork()`` spawned on the master's host."""
+    # Ctrl-C reaches the whole process group; only the master handles it and
+    # then closes the workers in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from multiprocessing.connection import Connection
+
+    config = json.loads(os.environ.pop("SYNK_WORKER"))
+    threading.Thread(target=_watch_master, args=(os.getppid(), config["token"], config["tmpdir"]),
+                     daemon=True, name="synkhronos-watchdog").start()
+    _run(config, Connection(config["fd"]))
+    _exit_now()
+
+
+def _use_node_gpu(precision, cluster):
+    """See only the GPU at this rank's position among the ranks of its node."""
+    from ._devices import gpu
+
+    device = gpu.GpuDevice(precision=precision)
+    device.one_node = len(set(cluster.nodes[:cluster.size])) == 1
+    if cluster.node_index >= len(device.gpu_ids):
+        raise RuntimeError("MPI rank %d is rank %d on node %s, which has only %d visible GPUs: launch at "
+                           "most one rank per GPU on each node" % (cluster.rank, cluster.node_index,
+                                                                   cluster.nodes[cluster.rank],
+                                                                   len(device.gpu_ids)))
+    device.setup_master(cluster.node_index)
+
+
+def mpi_main(cluster):
+    """Entry point of an MPI rank other than 0, inside ``fork()``: serve the
+    master, then end the process (never returns).
+
+    Parameters
+    ----------
+    cluster : synkhronos._mpi.Cluster
+    """
+    from . import _mpi
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master closes the session on Ctrl-C
+    config, conn = _mpi.connect_master(cluster)
+    failed = False
+    if conn is not None:
+        tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
+        config = dict(config, rank=cluster.rank, tmpdir=tmpdir)
+        os.environ["TMPDIR"] = tempfile.tempdir = tmpdir  # PyTensor's generated sources go there
+        prepare = None
+        if config["device"] == "gpu":
+            prepare = functools.partial(_use_node_gpu, config["precision"], cluster)
+        ended = _run(config, conn, cluster, prepare)
+        failed = ended is None or ended
+    if not failed:
+        _mpi.finalize()  # MPI's finalize waits for the master's, at its exit
+    _exit_now()

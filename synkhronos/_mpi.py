@@ -51,6 +51,9 @@ ADDR_ENV = "SYNKHRONOS_MASTER_ADDR"  # the address workers reach the master at
 # Variables that MPI launchers set in every rank's environment: Open MPI's mpirun,
 # MPICH's Hydra and Slurm's PMI-2, PMIx (Open MPI 5, Slurm's --mpi=pmix).
 _LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+# A launched rank's pid, recorded when Synkhronos is imported: processes that a rank
+# starts inherit the launcher's variables but are not ranks (they see another pid).
+_PID_ENV = "SYNKHRONOS_MPI_RANK_PID"
 _CONNECT_TIMEOUT = 120.0
 _HANDSHAKE_S = 10  # seconds a connecting process has to prove it knows the key
 
@@ -63,10 +66,21 @@ _state = {"failed": False, "cluster": None, "session": False}
 _ABANDONED = []
 
 
+def _mark_rank():
+    if any(v in os.environ for v in _LAUNCH_VARS):
+        os.environ.setdefault(_PID_ENV, str(os.getpid()))
+
+
+_mark_rank()
+
+
 def launched():
     """Whether this process is one rank of several started by an MPI launcher
-    (and ``SYNKHRONOS_MPI`` does not say 0).  Imports mpi4py only then."""
+    (and ``SYNKHRONOS_MPI`` does not say 0): not a process that a rank started,
+    which inherits the launcher's variables.  Imports mpi4py only then."""
     if not env_flag(MPI_ENV, True) or not any(v in os.environ for v in _LAUNCH_VARS):
+        return False
+    if os.environ.get(_PID_ENV, str(os.getpid())) != str(os.getpid()):
         return False
     MPI = _mpi()
     return MPI.COMM_WORLD.Get_size() > 1

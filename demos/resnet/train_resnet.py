@@ -86,7 +86,7 @@ def measure(args, n):
     import synkhronos as synk
     from synkhronos.extensions import nnet, train, updates
 
-    synk.fork(n, use_gpu=not args.cpu)
+    n = synk.fork(n, use_gpu=not args.cpu)
     rng = np.random.default_rng(0)
     blocks = [int(b) for b in args.blocks.split(",")]
     params, logits = build_resnet(pytensor, pt, nnet, blocks, args.width, args.classes, rng)
@@ -109,7 +109,7 @@ def measure(args, n):
             print("  %d rank(s) step %d: loss %.3f, %.1f images/s" % (n, s - args.warmup, value, batch / dt),
                   flush=True)
     synk.close()
-    return {"median": float(np.median(rates)), "losses": losses, "rates": rates}
+    return {"median": float(np.median(rates)), "losses": losses, "rates": rates, "ranks": n}
 
 
 def plot_steps(path, runs, title):
@@ -141,7 +141,8 @@ def plot_steps(path, runs, title):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--gpus", type=int, default=None, help="ranks to use (default: all GPUs, or 2 with --cpu)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="ranks to use (default: all GPUs, or 2 with --cpu; under mpirun: every rank)")
     p.add_argument("--cpu", action="store_true", help="CPU workers instead of GPUs")
     p.add_argument("--batch-size", type=int, default=64, help="images per rank per step")
     p.add_argument("--steps", type=int, default=10)
@@ -162,6 +163,13 @@ def main(argv=None):
     if args.child is not None:
         print("RESULT " + json.dumps(measure(args, args.child)))
         return None
+    from synkhronos._mpi import launched
+
+    if launched():  # under mpirun: every rank runs this one setting (rank 0 returns from fork)
+        run = measure(args, args.gpus)
+        print("Summary: ResNet blocks %s on %d MPI ranks: %.1f images/s"
+              % (args.blocks, run["ranks"], run["median"]))
+        return {run["ranks"]: run["median"]}
     if args.gpus is None:
         from synkhronos._devices.gpu import visible_gpus
 

@@ -3,7 +3,9 @@
 Shared-memory segments are the user's alone (mode 0600, created exclusively
 under names with 128 random bits), the workers' temporary directory is private
 (mode 0700), and no process of a session listens on a network socket: the
-command channels are unnamed socket pairs.
+command channels are unnamed socket pairs.  (Under an MPI launch the master listens
+on TCP while the ranks connect; a connection that does not know the session's key
+is dropped: tested here too.)
 """
 
 import os
@@ -11,8 +13,11 @@ import os
 os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
 
 import re  # noqa: E402
+import socket  # noqa: E402
 import stat  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import posix_ipc  # noqa: E402
@@ -127,3 +132,64 @@ def test_no_network_listener(session):
     channels = {os.readlink("/proc/self/fd/%d" % w.conn.fileno())[len("socket:["):-1]
                 for w in rt.workers.values()}
     assert not channels & inet and not channels & named
+
+
+def _tcp_pair():
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    server.close()
+    return accepted, client
+
+
+@pytest.mark.parametrize("stranger", ["garbage", "silent", "wrong key"])
+def test_mpi_master_drops_a_connection_that_does_not_know_the_key(monkeypatch, stranger):
+    """Under MPI the master listens on TCP while ranks connect: anyone else is dropped
+    (not unpickled, and neither stalls nor aborts fork())."""
+    from multiprocessing.connection import Connection, answer_challenge
+
+    from synkhronos import _mpi
+
+    monkeypatch.setattr(_mpi, "_HANDSHAKE_S", 1)
+    accepted, client = _tcp_pair()
+    if stranger == "garbage":
+        client.sendall(b"\x00\x00\x00\x05hello" * 3)
+    elif stranger == "wrong key":
+        threading.Thread(target=lambda: _ignore(answer_challenge, Connection(client.detach()), b"x" * 32),
+                         daemon=True).start()
+    t0 = time.monotonic()
+    assert _mpi._handshake(accepted, b"k" * 32) is None
+    assert time.monotonic() - t0 < 5
+
+
+def _ignore(fn, *args):
+    try:
+        fn(*args)
+    except Exception:
+        pass
+
+
+def test_mpi_master_accepts_a_rank_that_knows_the_key():
+    from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
+    from synkhronos import _mpi
+
+    accepted, client = _tcp_pair()
+    key = b"k" * 32
+
+    def rank_side():
+        conn = Connection(client.detach())
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+        conn.send(3)
+        assert conn.recv() == "hello"
+
+    t = threading.Thread(target=rank_side, daemon=True)
+    t.start()
+    rank, conn = _mpi._handshake(accepted, key)
+    assert rank == 3
+    conn.send("hello")  # no receive timeout is left on the connection
+    t.join(5)
+    assert not t.is_alive()
+    with socket.socket(fileno=os.dup(conn.fileno())) as view:  # the handshake's read timeout is off
+        assert view.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16) == bytes(16)

@@ -236,6 +236,23 @@ def test_batch_norm_and_cross_entropy_match_numpy():
     expected = (xv - mean) / np.sqrt(var + 1e-5) * g[None, :, None, None] + b[None, :, None, None]
     np.testing.assert_allclose(got, expected, rtol=1e-10)
 
+    # float32 with a mean far from zero: the one-pass statistics must not cancel, and the
+    # gradient must be the two-pass formula's (computed here in float64).
+    x32 = (rng.standard_normal((8, 3, 6, 6)) + [[[[1000.0]], [[-300.0]], [[0.0]]]]).astype("float32")
+    up = rng.standard_normal(x32.shape)  # the cotangent
+    xs = pt.tensor4("xs", dtype="float32")
+    y = batch_norm(xs, pt.constant(g.astype("float32")), pt.constant(b.astype("float32")))
+    got32, grad32 = pytensor.function([xs], [y, pytensor.grad((y * up.astype("float32")).sum(), xs)])(x32)
+    ref = x32.astype(np.float64)
+    m, v = ref.mean(axis=(0, 2, 3), keepdims=True), ref.var(axis=(0, 2, 3), keepdims=True)
+    expected32 = (ref - m) / np.sqrt(v + 1e-5) * g[None, :, None, None] + b[None, :, None, None]
+    np.testing.assert_allclose(got32, expected32, rtol=1e-4, atol=1e-4)
+    x64 = pt.tensor4("x64", dtype="float64")
+    two_pass = (x64 - x64.mean(axis=(0, 2, 3), keepdims=True)) / pt.sqrt(
+        x64.var(axis=(0, 2, 3), keepdims=True) + 1e-5) * g[None, :, None, None] + b[None, :, None, None]
+    ref_grad = pytensor.function([x64], pytensor.grad((two_pass * up).sum(), x64))(ref)
+    np.testing.assert_allclose(grad32, ref_grad, rtol=1e-3, atol=1e-3)
+
     logits = rng.standard_normal((6, 4)) * 50  # large: needs the stable form
     targets = np.eye(4)[rng.integers(0, 4, 6)]
     lv, tv = pt.matrix("l", dtype=F), pt.matrix("t", dtype=F)

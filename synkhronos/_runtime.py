@@ -1,37 +1,29 @@
 """The master's runtime: one object, created by ``fork()`` and cleared by
-``close()``, that owns the worker processes, the command channels, the shared
-memory and the registry of functions, shared variables and Data objects.
+``close()``, that owns the workers (started and stopped by ``_workers``), the
+command channels, the shared memory and the registry of functions, shared
+variables and Data objects.
 """
 
 import atexit
-import collections
 import contextlib
 import functools
-import json
 import logging
-import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import weakref
-from multiprocessing.connection import Connection
 
-from . import _log, _shmem, _stacks
+from . import _shmem, _stacks, _workers
 from ._core import dumps_cores, reseed_generators
 from ._devices import cpu
 from ._exchange import ExchangeBuffer
-from ._protocol import Command, Receiver, spin_seconds
+from ._protocol import Command, spin_seconds
 from .exceptions import StallError, WorkerError
 
 __all__ = ["Runtime", "current", "require", "start", "shutdown", "default_device", "action"]
 
-_READY_TIMEOUT = 300.0  # seconds for a worker to start (imports numpy, posix_ipc)
-_EXIT_TIMEOUT = 5.0
 _MAX_OWED = 64  # posted commands a worker may be behind before post() waits for a reply
 _DEATH_CHECK_S = 1.0  # while waiting for one worker, how often to check that none died
 
@@ -110,50 +102,6 @@ def shutdown():
 atexit.register(shutdown)
 
 
-# PyTensor settings that decide how functions compile; workers follow the master's.
-_SYNCED_FLAGS = ("floatX", "mode", "linker", "optimizer", "optimizer_excluding",
-                 "optimizer_including", "optimizer_requiring", "allow_gc", "cast_policy")
-_STARTUP_FLAGS = _SYNCED_FLAGS + ("base_compiledir", "compiledir")
-
-
-def _pytensor_flags(names, changed_only):
-    """The master's values of PyTensor flags ``names`` (only those differing from
-    PyTensor's defaults if ``changed_only``)."""
-    if "pytensor" not in sys.modules:
-        return {}
-    import pytensor
-
-    flags = {}
-    for name in names:
-        param = pytensor.config._config_var_dict.get(name)
-        if param is None:
-            continue
-        value = getattr(pytensor.config, name)
-        if not changed_only or value != param.default:
-            flags[name] = str(value)
-    return flags
-
-
-class _Worker:
-    """Master's handle on one worker process."""
-
-    def __init__(self, rank, process, conn, spin, where="this host"):
-        self.rank = rank
-        self.process = process  # None for a rank that MPI launched
-        self.where = where
-        self.conn = conn
-        self.receiver = Receiver(conn, spin)
-        self.pending_drops = []  # segments of collected Data, dropped with the next command
-        self.owed = collections.deque()  # labels of posted commands whose replies are unread
-        self.asked = None  # label of the round trip's command while its reply is unread
-        self.since = 0.0  # when the master began waiting for its oldest unread reply
-
-    @property
-    def busy(self):
-        """Whether a reply is still to come."""
-        return bool(self.owed) or self.asked is not None
-
-
 @contextlib.contextmanager
 def _sigint_deferred():
     """Let a Ctrl-C that arrives inside the block raise only after it, so that
@@ -207,9 +155,9 @@ class Runtime:
     # ----------------------------------------------------------------- processes
     def spawn(self):
         if self.cluster is not None:
-            self._connect_mpi_ranks()
+            self.workers = _workers.connect_mpi_ranks(self)
         else:
-            self._spawn_processes()
+            self.tmpdir, self.workers = _workers.spawn_processes(self)
         if self.device.nccl:
             t0 = time.monotonic()
             uid = self.device.new_uid()
@@ -220,80 +168,6 @@ class Runtime:
             logger.debug("collective communicator of %d ranks ready after %.2f s", self.n_parallel,
                          time.monotonic() - t0)
 
-    def _connect_mpi_ranks(self):
-        from . import _mpi
-
-        t0 = time.monotonic()
-        config = dict(token=self.token, n_parallel=self.n_parallel, master_rank=self.master_rank,
-                      device=self.device.name, precision=self.device.precision,
-                      profile=bool(self.profile_workers), profile_dir=tempfile.gettempdir(),
-                      spin=self.spin, log_level=_log.worker_level())
-        conns = _mpi.connect_workers(self.cluster, config)
-        for rank, conn in sorted(conns.items()):
-            self.workers[rank] = _Worker(rank, None, conn, self.spin, self.cluster.where(rank))
-        deadline = time.monotonic() + _READY_TIMEOUT
-        for w in self.workers.values():
-            self._await_ready(w, deadline)
-        logger.debug("%d MPI ranks on %d hosts connected after %.2f s", self.n_parallel,
-                     len(self.cluster.host_names), time.monotonic() - t0)
-
-    def _spawn_processes(self):
-        flags = _pytensor_flags(_STARTUP_FLAGS, changed_only=True)
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        path = [pkg_parent] + [p for p in sys.path if p]
-        if self.worker_ranks:
-            # The workers' temporary files (PyTensor writes the source of every
-            # function it generates there) go to a private directory that close()
-            # removes; mode 0700, so no other user can read or plant files in it.
-            self.tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
-        log_level = _log.worker_level()
-        t0 = time.monotonic()
-        for rank in self.worker_ranks:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            env = dict(os.environ)
-            env.update(self.device.worker_env(rank, self.n_parallel))
-            env["TMPDIR"] = self.tmpdir
-            env["SYNK_WORKER"] = json.dumps(dict(
-                rank=rank, fd=theirs.fileno(), token=self.token, n_parallel=self.n_parallel,
-                master_rank=self.master_rank, device=self.device.name,
-                profile=bool(self.profile_workers), profile_dir=tempfile.gettempdir(),
-                tmpdir=self.tmpdir, sys_path=path, spin=self.spin, log_level=log_level,
-            ))
-            if flags:
-                extra = ",".join("%s=%s" % kv for kv in flags.items())
-                env["PYTENSOR_FLAGS"] = ",".join(f for f in (env.get("PYTENSOR_FLAGS"), extra) if f)
-            bootstrap = ("import json, os, sys; sys.path[:0] = json.loads(os.environ['SYNK_WORKER'])"
-                         "['sys_path']; from synkhronos._worker import main; main()")
-            try:
-                proc = subprocess.Popen([sys.executable, "-c", bootstrap], env=env,
-                                        pass_fds=(theirs.fileno(),), close_fds=True)
-            finally:
-                theirs.close()
-            self.workers[rank] = _Worker(rank, proc, Connection(ours.detach()), self.spin)
-            logger.debug("worker rank %d started (pid %d)", rank, proc.pid)
-        deadline = time.monotonic() + _READY_TIMEOUT
-        for w in self.workers.values():
-            self._await_ready(w, deadline)
-            logger.debug("worker rank %d ready after %.2f s", w.rank, time.monotonic() - t0)
-
-    def _await_ready(self, w, deadline):
-        while True:
-            if w.conn.poll(0.05):
-                try:
-                    okay, result = w.conn.recv()
-                except (EOFError, OSError):
-                    break
-                if okay:
-                    return
-                exc_type, message, tb = result
-                raise WorkerError(w.rank, exc_type, "failed to start on %s: %s" % (w.where, message), tb)
-            if (w.process is not None and w.process.poll() is not None) or time.monotonic() > deadline:
-                break
-        code = None if w.process is None else w.process.poll()
-        raise RuntimeError(
-            "Synkhronos worker rank %d (%s) failed to start (exit code %s); see its output above"
-            % (w.rank, w.where, code)
-        )
 
     # ------------------------------------------------------------------ requests
     def request(self, cmd, payload=None, ranks=None, local=None):
@@ -561,8 +435,8 @@ class Runtime:
             self.device.place_shareds(self.shareds)
 
         try:
-            self.request(Command.DISTRIBUTE, (_pytensor_flags(_SYNCED_FLAGS, changed_only=False),
-                                              payload), local=local)
+            flags = _workers.pytensor_flags(_workers.SYNCED_FLAGS, changed_only=False)
+            self.request(Command.DISTRIBUTE, (flags, payload), local=local)
         except Exception:
             # Some ranks may hold the functions and others not: no call could
             # be trusted, and distribute() cannot simply run again.
@@ -636,7 +510,7 @@ class Runtime:
         self.closed = True
         t0 = time.monotonic()
         with _sigint_deferred():
-            self._stop_workers(failed)
+            _workers.stop(self.workers, failed, self.cluster)
             for data in list(self.datas.values()):
                 data._release()
             self.datas.clear()
@@ -647,29 +521,6 @@ class Runtime:
             if self.tmpdir is not None:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
         logger.debug("closed%s in %.2f s", " after a failure" if failed else "", time.monotonic() - t0)
-
-    def _stop_workers(self, failed):
-        if failed and self.cluster is not None:
-            from . import _mpi
-
-            _mpi.mark_failed()
-        for w in self.workers.values():
-            if failed and w.busy and w.process is not None:
-                w.process.kill()
-                continue
-            try:  # a busy rank of an MPI launch ends when it sees the connection close
-                w.conn.send((int(Command.EXIT), failed, ()))
-            except OSError:
-                pass
-        deadline = time.monotonic() + _EXIT_TIMEOUT
-        for w in self.workers.values():
-            if w.process is not None:
-                try:
-                    w.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    w.process.kill()
-                    w.process.wait()
-            w.conn.close()
 
 
 def default_device(use_gpu, precision="highest"):

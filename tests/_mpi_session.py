@@ -63,6 +63,16 @@ xd.data[5:10] = 1
 x2[5:10] = 1
 keep("after_inplace", f(xd, yd)[:3], f_pt(x2, y_np))
 
+# Memory released and allocated again (the other hosts drop their copies and take new ones),
+# and a Data that is garbage-collected.
+xd.free_memory()
+xd.set_value(x_np[:60])
+keep("after_free", f(xd, yd, batch=slice(0, 60))[:3], f_pt(x_np[:60], y_np[:60]))
+gone = synk.data(x_np[:10] + 1)
+keep("collected_before", f(gone, yd, batch=10)[:3], f_pt(x_np[:10] + 1, y_np[:10]))
+del gone
+keep("collected_after", f(xd, yd, batch=10)[:3], f_pt(x_np[:10], y_np[:10]))
+
 x3 = np.ones((8, 3), "float32")
 keep("batch_s", g(synk.data(x3), batch_s=[[0, 1], [1, 5], [10, 11], [19, 3]]),
      z.get_value()[[0, 1, 1, 5, 10, 11, 19, 3]].sum() + x3.sum())

@@ -45,6 +45,12 @@ def test_functions_and_collectives_match_the_single_host_runtime(tmp_path):
     assert _segments() <= before
 
 
+def test_an_error_on_another_host_reaches_the_master_and_the_session_goes_on():
+    out = mpirun(4, HERE / "_mpi_fault.py", "call", env={"SYNKHRONOS_FAULT": "2:call:2:raise"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "CAUGHT" in out.stdout and "RuntimeError in worker rank 2" in out.stdout
+
+
 @pytest.mark.parametrize("where, fault", [("call", "2:call:2:crash"), ("nccl", "2:nccl:1:crash")])
 def test_a_dead_rank_on_another_host_raises_in_the_master(where, fault):
     """``--enable-recovery``: Open MPI's launcher lets the other ranks run on."""

@@ -33,6 +33,7 @@ FIGSIZE = {
     "collectives": (13.0, 5.5),
     "cpu_scaling": (12.0, 5.0),
     "gpu_scaling": (12.0, 5.0),
+    "mpi_collectives": (15.0, 5.0),
     "resnet50_scaling": (12.0, 5.0),
     "soak": (12.0, 5.0),
 }

@@ -1,4 +1,5 @@
-"""Pictures of the CPU benchmarks: ``cpu_scaling``, ``call_overhead``, ``soak``.
+"""Pictures of the CPU benchmarks: ``cpu_scaling``, ``call_overhead``, ``soak``,
+``mpi_collectives``.
 
 Each function takes the payload its script wrote (as read back from JSON) and the
 PNG path, and returns the path; ``_plots.write_plot`` calls them through
@@ -8,9 +9,9 @@ They live here because their default, and the pictures' layout, is the
 CPU-worker one; a GPU run only changes labels, title and caption.
 """
 
-from _plot_common import _figure, _finish, _headroom, _int_ticks, _machine_line, _style, _thousands
+from _plot_common import _figure, _finish, _headroom, _int_ticks, _machine_line, _nan, _style, _thousands
 
-__all__ = ["plot_call_overhead", "plot_cpu_scaling", "plot_soak"]
+__all__ = ["plot_call_overhead", "plot_cpu_scaling", "plot_mpi_collectives", "plot_soak"]
 
 
 # ---------------------------------------------------------------- cpu_scaling
@@ -240,5 +241,50 @@ def plot_soak(payload, png):
         "checked" % (payload.get("precision") or ("float32 (CPU)" if not gpu else "not recorded"),
                      payload.get("seconds", float("nan")), payload.get("checked_calls"),
                      args.get("check_every"), payload.get("checked_collective_cycles")),
+    ]
+    return _finish(fig, title, caption, png)
+
+
+# ------------------------------------------------------------ mpi_collectives
+def plot_mpi_collectives(payload, png):
+    """GB/s of each collective against size: raw mpi4py, Synkhronos under mpirun
+    (a host per rank) and Synkhronos on one host, one panel per operation.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``mpi_collectives.py`` wrote: ``records`` (per op and size, ``mb``
+        and ``<setting>_gbps`` for raw, synk_mpi and synk_host; None where a
+        setting failed), ``settings`` (``n``, ``iters``, ``repeats``) and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    records = payload["records"]
+    settings = payload.get("settings") or {}
+    ops = list(dict.fromkeys(r["op"] for r in records))
+    fig, axes = _figure("mpi_collectives", len(ops))
+    sides = (("raw", "raw mpi4py", "0.35", "s"), ("synk_mpi", "synk, mpirun (a host per rank)", "C0", "o"),
+             ("synk_host", "synk, one host (no MPI)", "C1", "^"))
+    for ax, op in zip(axes, ops):
+        recs = [r for r in records if r["op"] == op]
+        sizes = [r["mb"] for r in recs]
+        for key, label, color, marker in sides:
+            ax.plot(sizes, _nan([r.get(key + "_gbps") for r in recs]), marker=marker, color=color, lw=2,
+                    label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, ["%g" % s for s in sizes])
+        _headroom(ax, [r.get(k + "_gbps") for r in recs for k, _, _, _ in sides], 1.35)
+        _style(ax, "size of the variable (MB)", "GB/s of the variable", op, loc="upper left")
+    title = "Collectives on %s CPU ranks: Synkhronos under MPI against raw mpi4py" % settings.get("n")
+    caption = [
+        _machine_line(payload),
+        "float32 variables; %s calls back to back then one synchronisation, fastest of %s; all_gather: "
+        "the time of a broadcast that restores the variable's size, then the all_gather, less that "
+        "broadcast's time" % (settings.get("iters"), settings.get("repeats")),
     ]
     return _finish(fig, title, caption, png)

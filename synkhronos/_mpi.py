@@ -297,11 +297,18 @@ def connect_workers(cluster, config, timeout=_CONNECT_TIMEOUT):
     return conns
 
 
+def _no_delay(sock):
+    """Send each message at once: commands and replies are small, and Nagle's
+    algorithm would hold one back until the previous one is acknowledged."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def _handshake(sock, authkey):
     """``(rank, Connection)`` of a worker that proved it knows ``authkey`` within
     ``_HANDSHAKE_S`` seconds; None (connection dropped) for anyone else, so that
     a stranger's connection can neither stall nor abort ``fork()``."""
     sock.settimeout(None)
+    _no_delay(sock)
     # A kernel receive timeout on the blocking socket (the Connection reads it directly).
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(_HANDSHAKE_S), 0))
     conn = Connection(sock.detach())
@@ -334,6 +341,7 @@ def connect_master(cluster):
         return config, None
     sock = socket.create_connection(tuple(config["address"]), timeout=_CONNECT_TIMEOUT)
     sock.settimeout(None)
+    _no_delay(sock)
     conn = Connection(sock.detach())
     answer_challenge(conn, config["authkey"])
     deliver_challenge(conn, config["authkey"])

@@ -27,8 +27,8 @@ import _plots  # noqa: E402
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # (width, height) in pixels of each benchmark's picture.
 PIXELS = {"bf16_loss_curve": (1200, 500), "call_overhead": (1500, 500), "collectives": (1300, 550),
-          "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500), "resnet50_scaling": (1200, 500),
-          "soak": (1200, 500)}
+          "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500), "mpi_collectives": (1500, 500),
+          "resnet50_scaling": (1200, 500), "soak": (1200, 500)}
 ENV = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
 
 
@@ -110,6 +110,21 @@ def test_soak_writes_png(tmp_path):
 
 
 # ----------------------------------------------- GPU benchmarks, made-up timings
+def test_mpi_collectives_writes_png(tmp_path):
+    """Runs for real at its smallest settings: raw mpi4py, synk under mpirun, synk on one host."""
+    from _mpirun import MPIRUN
+
+    if MPIRUN is None:
+        pytest.skip("needs mpi4py and mpirun")
+    out = str(tmp_path / "mpi_collectives.json")
+    proc = _run_ok(os.path.join(BENCH, "mpi_collectives.py"), "--quick", "--out", out, timeout=300)
+    records = json.load(open(out))["records"]
+    settings = ("raw", "synk_mpi", "synk_host")
+    assert len(records) == 6 and all(r[s + "_gbps"] for r in records for s in settings)
+    assert "synk, mpirun (host per rank)" in proc.stdout
+    _check_png(out[:-5] + ".png", "mpi_collectives")
+
+
 def _collectives_payload():
     mod = _script("collectives")
     n, sizes = 8, [mb * 2**20 for mb in (1, 16, 64, 256, 1024)]

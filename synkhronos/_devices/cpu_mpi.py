@@ -164,6 +164,12 @@ class MpiCpuDevice(CpuDevice):
             raise TypeError("MPI has no %s of complex values (dtype %s)" % (op, dtype))
         return getattr(MPI, _MPI_OPS[op])
 
+    @staticmethod
+    def _take(var, fresh):
+        """Make ``fresh`` (a new array of ``var``'s dtype that nothing else holds)
+        ``var``'s value without the copy ``set_value`` makes (64 MB: ~10 ms here)."""
+        var.set_value(fresh, borrow=True)
+
     def _reduce(self, variables, op, shapes, root):
         """Post a reduction of each variable (into ``root``, or all ranks when
         None) and wait; returns [(var, result or None, real)] and the problems."""
@@ -208,7 +214,7 @@ class MpiCpuDevice(CpuDevice):
         results, problems = self._reduce(variables, op, shapes, None)
         for var, result, real in results:
             if real:
-                self.set_value(var, result)
+                self._take(var, result)
         self._raise(problems)
 
     def nccl_reduce(self, variables, op, root, in_place, shapes):
@@ -224,7 +230,7 @@ class MpiCpuDevice(CpuDevice):
         if self.rank == root and in_place:
             for var, result, real in results:
                 if real:
-                    self.set_value(var, result)
+                    self._take(var, result)
         self._raise(problems)
         return [r for _, r, _ in results] if self.rank == root and not in_place else []
 
@@ -242,7 +248,7 @@ class MpiCpuDevice(CpuDevice):
         self._wait(requests)
         if self.rank != root:
             for var, buf in zip(variables, bufs):
-                self.set_value(var, buf)
+                self._take(var, buf)
         self._raise(problems)
 
     def _gatherv(self, variables, shapes, root):
@@ -292,5 +298,5 @@ class MpiCpuDevice(CpuDevice):
         results, problems = self._gatherv(variables, shapes, None)
         for var, parts, real in results:
             if real:
-                self.set_value(var, np.concatenate(parts))
+                self._take(var, np.concatenate(parts))
         self._raise(problems)

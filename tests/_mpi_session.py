@@ -2,8 +2,9 @@
 tests/test_mpi.py: run under ``mpirun -n 4`` (every rank its own host) and as a
 plain single-host run, it must give the same results.
 
-Usage: ``python _mpi_session.py OUT.npz``.  Each result is also checked here
-against numpy or the plain PyTensor function on the same data.
+Usage: ``python _mpi_session.py OUT.npz [gpu]``: 4 CPU ranks, or with ``gpu``
+every GPU (under MPI: every rank).  Each result is also checked here against
+numpy or the plain PyTensor function on the same data.
 """
 
 import sys
@@ -24,7 +25,9 @@ def keep(name, value, expected=None):
     results[name] = value
 
 
-n = synk.fork(4, use_gpu=False)
+GPU = sys.argv[2:] == ["gpu"]
+n = synk.fork(None if GPU else 4, use_gpu=GPU)
+last = n - 1
 rng = np.random.default_rng(0)
 x = pt.matrix("x")
 y = pt.vector("y")
@@ -73,10 +76,10 @@ keep("collected_before", f(gone, yd, batch=10)[:3], f_pt(x_np[:10] + 1, y_np[:10
 del gone
 keep("collected_after", f(xd, yd, batch=10)[:3], f_pt(x_np[:10], y_np[:10]))
 
-x3 = np.ones((8, 3), "float32")
-keep("batch_s", g(synk.data(x3), batch_s=[[0, 1], [1, 5], [10, 11], [19, 3]]),
-     z.get_value()[[0, 1, 1, 5, 10, 11, 19, 3]].sum() + x3.sum())
-keep("s_gathered", synk.gather(s, nd_up=1), np.repeat(np.full((1, 3), 2, "float32"), n, axis=0))
+picks = [[0, 1], [1, 5], [10, 11], [19, 3], [4, 4], [7, 2], [8, 9], [12, 6]][:n]
+x3 = np.ones((2 * n, 3), "float32")
+keep("batch_s", g(synk.data(x3), batch_s=picks), z.get_value()[np.concatenate(picks)].sum() + x3.sum())
+keep("s_gathered", synk.gather(s, nd_up=1), np.full((n, 3), 2))
 
 for nccl in (True, False):
     tag = "mpi" if nccl else "shm"
@@ -97,8 +100,8 @@ for nccl in (True, False):
          (np.arange(4 * n).reshape(n, 4).sum(axis=0) / n).astype("int32"))
     synk.broadcast(s, np.full(3, 7, "float32"), nccl=nccl)
     keep("broadcast_" + tag, synk.gather(s, nd_up=1), np.full((n, 3), 7))
-    synk.set_value(2, s, np.array([1, 2, 3], "float32"))
-    keep("set_value_" + tag, synk.get_value(2, s), [1, 2, 3])
+    synk.set_value(last, s, np.array([1, 2, 3], "float32"))
+    keep("set_value_" + tag, synk.get_value(last, s), [1, 2, 3])
     synk.broadcast(s, nccl=nccl)  # the master's value to all
     keep("broadcast_master_" + tag, synk.gather(s, nd_up=1), np.full((n, 3), 7))
 
@@ -109,7 +112,7 @@ keep("lengths", synk.get_lengths(z), [len(p) for p in np.array_split(zz, n)])
 keep("gather_uneven", synk.gather(z, nd_up=0), zz)
 keep("gather_uneven_shm", synk.gather(z, nd_up=0, nccl=False), zz)
 synk.all_gather(z)
-keep("all_gather_uneven", synk.get_value(3, z), zz)
+keep("all_gather_uneven", synk.get_value(last, z), zz)
 synk.close()
 np.savez(sys.argv[1], **results)
 print("session done: %d results" % len(results))

@@ -25,10 +25,13 @@ def _find():
 MPIRUN = _find()
 
 
-def mpi_env(**extra):
+def mpi_env(gpus=False, **extra):
     """The environment for ``mpirun``: this checkout's Synkhronos first on the path,
-    Open MPI allowed to run as root (CI containers do), no injected faults."""
+    Open MPI allowed to run as root (CI containers do), no injected faults, and no
+    GPUs unless ``gpus`` (the CPU tests' scripts let ``fork()`` choose the device)."""
     env = dict(os.environ)
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     for name in ("SYNKHRONOS_FAULT", "SYNKHRONOS_HOST_PER_RANK", "SYNKHRONOS_MPI"):
         env.pop(name, None)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",

@@ -89,8 +89,13 @@ def launched():
 def _mpi():
     """mpi4py's MPI module, imported so that MPI is finalized by us (after the
     session closes, and not after a failure, when a dead rank would never join)."""
-    import mpi4py
-
+    try:
+        import mpi4py
+    except ImportError:
+        found = [v for v in _LAUNCH_VARS if v in os.environ]
+        raise RuntimeError("this process was started by an MPI launcher (%s is set) but mpi4py is not "
+                           "installed: pip install 'synkhronos[mpi]', or set %s=0 to ignore the launch"
+                           % (found[0] if found else "its environment", MPI_ENV)) from None
     try:
         mpi4py.rc.finalize = False
     except AttributeError:

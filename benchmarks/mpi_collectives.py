@@ -23,23 +23,24 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import numpy as np
-from _common import default_out, machine_info, print_machine, table, write_results
+from _common import (
+    default_out,
+    machine_info,
+    mpirun_host_per_rank,
+    mpirun_path,
+    print_machine,
+    table,
+    write_results,
+)
 
 OPS = ("all_reduce", "broadcast", "all_gather")
 SETTINGS = ("raw", "synk_mpi", "synk_host")
 _MARK = "RESULT "
-
-
-def _mpirun():
-    found = shutil.which("mpirun")
-    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    return found or (beside if os.path.exists(beside) else None)
 
 
 def _best(call, finish, iters, repeats):
@@ -107,11 +108,9 @@ def synk_child(args):
 
 def _run(setting, args, argv):
     """One setting in its own processes; its results (None if it failed)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--_child", setting] + argv
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd, env = [sys.executable, os.path.abspath(__file__), "--_child", setting] + argv, None
     if setting != "synk_host":
-        cmd = [_mpirun(), "-n", str(args.n), "--oversubscribe"] + cmd
-        env["SYNKHRONOS_HOST_PER_RANK"] = "1"
+        cmd, env = mpirun_host_per_rank(args.n, cmd)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith(_MARK)]
     if out.returncode or not line:
@@ -163,7 +162,7 @@ def main(argv=None):
         if result is not None:
             print(_MARK + json.dumps(result), flush=True)
         return None
-    if _mpirun() is None:
+    if mpirun_path() is None:
         raise SystemExit("mpi_collectives.py needs mpirun and mpi4py: pip install synkhronos[mpi]")
     info = machine_info()
     print_machine(info)

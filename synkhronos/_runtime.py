@@ -264,8 +264,7 @@ class Runtime:
                 except WorkerError:
                     self._fail_closed()
                     raise
-            if w.receiver.hung_up() and not w.receiver.ready():
-                self._died(w.rank)
+        self._check_alive()
         if self.timeout is not None:
             now = time.monotonic()
             if any(w.busy and now - w.since >= self.timeout for w in self.workers.values()):

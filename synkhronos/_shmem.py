@@ -27,6 +27,7 @@ __all__ = [
     "host_copy_name",
     "new_token",
     "segment_name",
+    "slot_of",
     "unlink_session",
 ]
 
@@ -55,7 +56,9 @@ def host_copy_name(name, host):
     return "%s_h%d%s_%s" % (token, host, slot, gen)
 
 
-def _slot_of(name):
+def slot_of(name):
+    """The slot of segment ``name`` with its session token: generations of one
+    slot share it."""
     # "/synk_<token>_<slot>_<gen>" -> "<token>_<slot>"
     return name.rsplit("_", 1)[0]
 
@@ -139,7 +142,7 @@ class SegmentCache:
         mapping it (and dropping its slot's older generation) if needed."""
         if self._host is not None:
             name = host_copy_name(name, self._host)
-        slot = _slot_of(name)
+        slot = slot_of(name)
         seg = self._by_slot.get(slot)
         if seg is None or seg.name != name:
             if seg is not None:
@@ -166,7 +169,7 @@ class SegmentCache:
         """Forget the mapping of the slot that ``name`` belongs to."""
         if self._host is not None:
             name = host_copy_name(name, self._host)
-        seg = self._by_slot.pop(_slot_of(name), None)
+        seg = self._by_slot.pop(slot_of(name), None)
         if seg is not None:
             self._close(seg)
 

@@ -83,7 +83,7 @@ class _WorkerState:
         self.cache.drop(name)
         if self.cluster is not None and self.cluster.remote(self.rank):
             local = _shmem.host_copy_name(name, self.cluster.host)
-            seg = self.host_copies.pop(local.rsplit("_", 1)[0], None)
+            seg = self.host_copies.pop(_shmem.slot_of(local), None)
             if seg is not None:
                 seg.unlink()
                 seg.close()
@@ -171,7 +171,7 @@ def _host_data(state, payload):
     """Take this host's copy of a Data segment from the master, over MPI."""
     name, nbytes, used = payload
     local = _shmem.host_copy_name(name, state.cluster.host)
-    slot = local.rsplit("_", 1)[0]
+    slot = _shmem.slot_of(local)
     seg = state.host_copies.get(slot)
     if seg is None or seg.name != local:
         if seg is not None:
@@ -370,7 +370,7 @@ def _use_node_gpu(precision, cluster):
     from ._devices import gpu
 
     device = gpu.GpuDevice(precision=precision)
-    device.one_node = len(set(cluster.nodes[:cluster.size])) == 1
+    device.one_node = cluster.one_node(cluster.size)
     if cluster.node_index >= len(device.gpu_ids):
         raise RuntimeError("MPI rank %d is rank %d on node %s, which has only %d visible GPUs: launch at "
                            "most one rank per GPU on each node" % (cluster.rank, cluster.node_index,

@@ -37,6 +37,11 @@ medians reported, because the machine may be shared and noisy):
     pages it already holds and hide a copy).  /dev/shm and RAM are checked first;
     sizes that do not fit are scaled down (and the output says so).
 
+(p) Profile (``--parts p``, not in the default): cProfile of the master and of
+    every worker over the tiny calls of (a), as microseconds per call per
+    function, written beside the JSON (``call_overhead_profile.txt``); see
+    ``_call_profile.py``.
+
 Run ``python benchmarks/call_overhead.py --quick`` for a smoke run.  Results go to
 ``benchmarks/results/call_overhead.json`` unless ``--out`` says otherwise.
 """
@@ -441,7 +446,9 @@ def _parse(argv=None):
                    % (d["mem_rows"], q["mem_rows"]))
     p.add_argument("--mem-calls", type=int, help="calls measured in (c) [%s; quick %s]"
                    % (d["mem_calls"], q["mem_calls"]))
-    p.add_argument("--parts", default="abc", help="which parts to run, e.g. 'ac' [abc]")
+    p.add_argument("--parts", default="abc",
+                   help="which parts to run, e.g. 'ac' [abc]; 'p' profiles the tiny call of (a) on "
+                        "master and workers (cProfile) and writes the report beside the JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gpu", action="store_true", help="GPU ranks (JAX mode) instead of CPU workers")
     p.add_argument("--quick", action="store_true", help="small, fast settings for a smoke run")
@@ -459,8 +466,8 @@ def _parse(argv=None):
         p.error("--ranks and --sizes take comma-separated numbers (%s)" % exc)
     if not args.ranks or min(args.ranks) < 1 or args.calls < 1 or args.repeats < 1 or not args.sizes:
         p.error("--ranks, --sizes, --calls and --repeats must be positive")
-    if set(args.parts) - set("abc"):
-        p.error("--parts takes letters from 'abc'")
+    if set(args.parts) - set("abcp"):
+        p.error("--parts takes letters from 'abcp'")
     if args.gpu:
         from synkhronos._devices.gpu import visible_gpus
 
@@ -579,9 +586,22 @@ def main(argv=None):
                      "peak 1st call", "peak later calls", "control: peak of a full copy"], rows))
         print("peak growth independent of Data size: %s"
               % {True: "PASS", False: "FAIL", None: "not measured"}[verdict])
+    out = args.out or default_out(__file__)
+    if "p" in args.parts:
+        from _call_profile import profile_calls
+
+        lines = []
+        for n in args.ranks:
+            print("profiling n=%d ranks ..." % n, flush=True)
+            lines += profile_calls(n, args.gpu, args.calls, rng) + [""]
+        path = os.path.splitext(out)[0] + "_profile.txt"
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("\n".join(lines))
+        print("profile written to %s" % path)
     for note in notes:
         print("note: " + note)
-    write_results(args.out or default_out(__file__), results)
+    write_results(out, results)
 
 
 if __name__ == "__main__":

@@ -216,7 +216,8 @@ def make_payload(info, args, ns, results):
         return None if r is None else r["images_per_s"]
 
     def efficiency(kind, n):
-        r, r1 = rate(kind, n), rate(kind, ns[0])
+        # mpirun runs only from 2 ranks: its base is the single-host first figure.
+        r, r1 = rate(kind, n), rate("synk" if kind == "synk_mpi" else kind, ns[0])
         return None if r is None or r1 is None else r / r1 / (n / ns[0])
 
     records = []
@@ -254,7 +255,9 @@ def main(argv=None):
     passed = list(argv if argv is not None else sys.argv[1:])
     results = {}
     for n in ns:
-        for kind in ("synk",) + (("synk_mpi",) if args.mpi else ()) + (() if args.skip_ddp else ("ddp",)):
+        # One MPI rank has no other host to reach: its figure would be the single-host one.
+        mpi = ("synk_mpi",) if args.mpi and n > 1 else ()
+        for kind in ("synk",) + mpi + (() if args.skip_ddp else ("ddp",)):
             results[(kind, n)] = _run_child(kind, n, passed, args.timeout)
     payload = make_payload(info, args, ns, results)
     records = payload["results"]

@@ -158,10 +158,13 @@ def _resnet_payload(ddp_fails_at=None):
         results[("synk", n)] = mod.child_result([1000.0 * n * 0.985 ** (n - 1)] * 5, 40.0, 6.9)
         results[("ddp", n)] = (None if n == ddp_fails_at
                                else mod.child_result([1060.0 * n * 0.975 ** (n - 1)] * 5, 20.0, 6.9))
-        results[("synk_mpi", n)] = mod.child_result([990.0 * n * 0.985 ** (n - 1)] * 5, 45.0, 6.9)
+        if n > 1:  # --mpi runs from 2 ranks
+            results[("synk_mpi", n)] = mod.child_result([990.0 * n * 0.985 ** (n - 1)] * 5, 45.0, 6.9)
     payload = mod.make_payload(_machine(gpus=8), args, ns, results)
     rec = payload["results"][2]  # 4 GPUs: --mpi's run against the single-host one
-    assert np.isclose(rec["synk_mpi_over_synk"], 0.99) and np.isclose(rec["synk_mpi_efficiency"], 0.985 ** 3)
+    assert np.isclose(rec["synk_mpi_over_synk"], 0.99)
+    # Relative to the single-host 1-GPU figure.
+    assert np.isclose(rec["synk_mpi_efficiency"], 0.99 * 0.985 ** 3)
     return payload
 
 

@@ -433,8 +433,10 @@ class Function:
                              % brief(batch_s))
 
         rank_scat = [[] for _ in range(rt.n_parallel)]
+        weighted = True  # whether avg must weight ranks by their rows (see FunctionCore.run_reduced)
         if scat:
             sel, n = self._row_selection(scat, batch)
+            weighted = n % rt.n_parallel != 0
             for rank, (p0, p1) in enumerate(split_bounds(n, rt.n_parallel)):
                 for d in scat:
                     rank_scat[rank].append(slice(p0, p1) if d.minibatch else sub_selection(sel, p0, p1))
@@ -443,7 +445,8 @@ class Function:
         bcast_refs = [d._ref() for d in bcast]
         scat_refs = [d._ref() for d in scat]
         payloads = {
-            r: (core.ID, list(zip(scat_refs, rank_scat[r])), bcast_refs, share_sels[r], subset, num_slices)
+            r: (core.ID, list(zip(scat_refs, rank_scat[r])), bcast_refs, share_sels[r], subset, num_slices,
+                weighted)
             for r in rt.worker_ranks
         }
         m = rt.master_rank
@@ -455,11 +458,10 @@ class Function:
 
         def local():
             if specs is not None:
-                return core.run_reduced(rt.device, specs, m, *args)
+                return core.run_reduced(rt.device, specs, m, weighted, *args)
             weight, outputs = core.run_local(rt.device, *args)
-            if outputs:  # copied to the host while the master waits for the workers
-                rt.device.start_host_copies(outputs)
-            return weight, outputs
+            # On the host before the master waits for the workers (they copy theirs meanwhile).
+            return weight, outputs if outputs is None else rt.device.to_host(outputs)
 
         # Compile a new variant here first: workers then load it from PyTensor's warm cache
         # instead of each compiling it at once.
@@ -489,7 +491,7 @@ class Function:
                 if not failed:
                     self._ran.add(key)
         if specs is not None:
-            results = self._take_reduced(rt, specs, mine, replies)
+            results = self._take_reduced(rt, specs, mine, replies, weighted)
         else:
             per_rank = {m: mine}
             for r, (weight, tokens) in replies.items():
@@ -500,18 +502,20 @@ class Function:
         return results
 
     @staticmethod
-    def _take_reduced(rt, specs, mine, replies):
+    def _take_reduced(rt, specs, mine, replies, weighted=True):
         """The outputs the device reduced into the master, on the host; ``avg``
-        divided by the rows of every rank that had some (as ``_reduce`` weights)."""
+        divided by the rows of every rank that had some (as ``_reduce`` weights),
+        or, where the ranks sent their outputs unweighted (equal rows), by the
+        number of those ranks."""
         weight, had_rows, results = mine
         ranks = [(weight, had_rows)] + list(replies.values())
         if not any(had for _, had in ranks):
             raise ValueError("the call selected no rows on any rank")
-        total = sum(w for w, had in ranks if had)
+        total = sum(w if weighted else 1 for w, had in ranks if had)
         host = rt.device.take_outputs(results)
-        for k, (_, dtype, mode) in enumerate(specs):
-            if mode == "avg":
-                host[k] = np.asarray(host[k] / total).astype(dtype, copy=False)
+        for h, (_, _, mode) in zip(host, specs):
+            if mode == "avg":  # a float dtype (see device_reduction), in a fresh array
+                np.true_divide(h, total, out=h, casting="unsafe")
         return host
 
     def _reduce(self, per_rank, subset):

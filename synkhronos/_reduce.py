@@ -90,14 +90,20 @@ class Accumulator:
 
 def _writable(acc, value):
     # Accumulate in place when the shapes and dtypes allow it.
-    if acc.shape == np.broadcast_shapes(acc.shape, np.shape(value)) and acc.flags.writeable and acc.ndim:
-        if np.result_type(acc, value) == acc.dtype:
-            return acc
-    return None
+    if not acc.ndim or not acc.flags.writeable:
+        return None
+    shape = np.shape(value)
+    if shape != acc.shape and acc.shape != np.broadcast_shapes(acc.shape, shape):
+        return None
+    return acc if np.result_type(acc, value) == acc.dtype else None
 
 
 def reduce_values(values, op, weights=None):
     """Reduce a list of arrays under ``op`` (``weights`` only matter for avg)."""
+    if len(values) == 1 and op is not None:
+        # One rank: its value is the result (weighting and dividing back could round).
+        value = np.array(values[0])
+        return value if op != "avg" or value.dtype.kind in "fc" else value / 1.0
     acc = Accumulator(op)
     for i, v in enumerate(values):
         acc.add(v, 1 if weights is None else weights[i])

@@ -200,9 +200,12 @@ class Runtime:
             If a worker did not answer within ``timeout`` seconds.
         """
         self._check_open()
-        with self._interrupt_closes():
+        try:  # as _interrupt_closes, inline: this runs on every call
             self._settle()
             return self._round_trip(cmd, payload, ranks, local)
+        except KeyboardInterrupt:
+            self._fail_closed()
+            raise
 
     def post(self, cmd, payload=None, ranks=None, local=None, binding=True):
         """Send ``cmd`` to workers and run ``local()`` here without waiting for
@@ -217,7 +220,7 @@ class Runtime:
         that the master will not join.  Otherwise the error is raised as it is.
         """
         self._check_open()
-        with self._interrupt_closes():
+        try:  # as _interrupt_closes, inline: this runs on every collective
             ranks = self._ranks_for(payload, ranks)
             for r in ranks:
                 w = self.workers[r]
@@ -235,6 +238,9 @@ class Runtime:
             except Exception:
                 self._fail_closed()
                 raise
+        except KeyboardInterrupt:
+            self._fail_closed()
+            raise
 
     def settle(self):
         """Read every reply still owed for posted commands; raise the first failure."""

@@ -123,17 +123,17 @@ def _distribute(state, payload):
 
 
 def _call(state, payload):
-    fn_id, scattered, bcast, share_sel, subset, num_slices = payload
+    fn_id, scattered, bcast, share_sel, subset, num_slices, weighted = payload
     view = state.cache.view
     core = state.cores[fn_id]
     args = ([(view(ref), sel) for ref, sel in scattered], [view(ref) for ref in bcast],
             share_sel, subset, num_slices)
     specs = core.device_reduction(state.device, subset, num_slices)
     if specs is not None:  # reduced into the master on the device: nothing to send
-        weight, had_rows, _ = core.run_reduced(state.device, specs, state.master_rank, *args)
+        weight, had_rows, _ = core.run_reduced(state.device, specs, state.master_rank, weighted, *args)
         return weight, had_rows
     weight, outputs = core.run_local(state.device, *args)
-    return weight, None if outputs is None else state.exchange.send(outputs)
+    return weight, None if outputs is None else state.exchange.send(state.device.to_host(outputs))
 
 
 def _map_data(state, name):

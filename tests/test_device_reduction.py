@@ -103,3 +103,12 @@ def test_gpu_ranks_reduce_outputs_only_when_there_are_several():
     assert not device.reduces_outputs
     device.n_parallel = 2
     assert device.reduces_outputs
+
+
+def test_unweighted_avg_is_divided_by_the_ranks_that_had_rows():
+    # Equal rows everywhere: ranks send their outputs as they are (no kernel to weight them).
+    rt = types.SimpleNamespace(device=_Taking([np.float32(12.0), np.int64(9)]))
+    specs = [((), "float32", "avg"), ((), "int64", "sum")]
+    got = Function._take_reduced(rt, specs, (4, True, "handle"), {1: (4, True), 2: (4, True)}, weighted=False)
+    assert got[0] == pytest.approx(12.0 / 3) and got[0].dtype == np.float32
+    assert got[1] == 9

@@ -77,8 +77,11 @@ class CpuDevice:
     def synchronize(self, shareds):
         """Nothing runs asynchronously on CPU workers."""
 
-    def start_host_copies(self, values):
-        """Values on CPU workers are already on the host."""
+    @staticmethod
+    def to_host(values):
+        """A rank's function outputs as numpy arrays (on CPU workers they are
+        already on the host)."""
+        return [np.asarray(v) for v in values]
 
     def get_value(self, var):
         """The value of shared variable ``var`` on this rank, as numpy."""

@@ -1,4 +1,5 @@
-"""GPU tests: marked ``gpu`` and skipped unless two GPUs, JAX and CuPy are there.
+"""GPU tests: marked ``gpu`` and skipped unless JAX, CuPy and two GPUs are there
+(one GPU for modules marked ``pytest.mark.gpus(1)``).
 
 They reuse the CPU suites' tests with GPU ranks.  ``fork()``'s default precision
 computes float32 matrix products in full float32, so results compare with
@@ -14,11 +15,12 @@ import pytest  # noqa: E402
 
 from synkhronos._devices.gpu import gpu_stack_available, visible_gpus  # noqa: E402
 
-_REASON = None
-if not gpu_stack_available():
-    _REASON = "needs JAX and CuPy (pip install synkhronos[gpu])"
-elif len(visible_gpus()) < 2:
-    _REASON = "needs 2 GPUs"
+_STACK = gpu_stack_available()
+_GPUS = len(visible_gpus()) if _STACK else 0
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpus(n): needs n GPUs (default 2)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -26,5 +28,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.gpu)
-            if _REASON:
-                item.add_marker(pytest.mark.skip(reason=_REASON))
+            marker = item.get_closest_marker("gpus")
+            need = marker.args[0] if marker else 2
+            if not _STACK:
+                item.add_marker(pytest.mark.skip(reason="needs JAX and CuPy (pip install synkhronos[gpu])"))
+            elif _GPUS < need:
+                item.add_marker(pytest.mark.skip(reason="needs %d GPUs" % need))

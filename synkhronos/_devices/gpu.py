@@ -123,6 +123,7 @@ class GpuDevice:
         self.wait_hook = None  # called while the master waits on its GPU
         self._import = None  # CuPy -> JAX, see jax_importer
         self._export = None  # JAX -> CuPy, see cupy_exporter
+        self._copier = None  # (stream, JAX -> CuPy on it) for copies to the host, see to_host
         self._own = {}  # id(var) -> (weakref to its JAX value, the CuPy buffer under it)
         self._ops = None
 
@@ -216,8 +217,9 @@ class GpuDevice:
     # The container is read directly: in the master, ``var.get_value`` is the
     # user-facing wrapper of ``numpy_interface``, which first settles posted work.
     def get_value(self, var):
-        """Value of shared variable ``var`` on this rank, copied to the host."""
-        return np.asarray(var.container.storage[0])
+        """Value of shared variable ``var`` on this rank, copied to the host
+        (a new array, see ``to_host``)."""
+        return self.to_host([var.container.storage[0]])[0]
 
     def shape(self, var):
         """Shape of ``var``'s value on this rank (no copy)."""
@@ -283,6 +285,8 @@ class GpuDevice:
 
         self._import = jax_importer()
         self._export = cupy_exporter(self._stream)
+        copies = cupy.cuda.Stream(non_blocking=True)
+        self._copier = copies, cupy_exporter(copies)
         with self._stream:
             x = cupy.full((2,), 1, dtype=cupy.float32)
             (x * x.dtype.type(2)).astype(cupy.float64)
@@ -300,6 +304,7 @@ class GpuDevice:
         """Leave the communicator; ``abort`` when a collective may be stuck."""
         self._inflight.clear()
         self._own.clear()
+        self._copier = None
         self._held = 0
         if self._comm is not None:
             try:
@@ -325,34 +330,37 @@ class GpuDevice:
         self._held = 0
 
     def to_host(self, values):
-        """A rank's function outputs as numpy arrays.
+        """A rank's function outputs (or shared values) as numpy arrays.
 
-        JAX arrays are copied through CuPy on the NCCL stream: a CuPy view of
-        each (ordered after XLA's writes, see ``cupy_exporter``), one wait for
-        the stream, then a synchronous copy.  JAX's own route (``np.asarray``)
-        took 145 us for a float32 scalar on an H100 after the computation was
-        done, this one 24 us (view 9 us, copy 15 us); ``copy_to_host_async``
-        first saved only 17 us of the 145 and cost 48 us of host time itself.
-        The wait goes through ``_wait_for``, so that in the master a worker's
-        death is noticed even if this rank's kernels wait on a collective that
-        the dead worker will never join.  Values JAX did not make on this GPU,
-        and dtypes CuPy lacks (bfloat16), take JAX's route.
+        JAX arrays are copied through CuPy on a stream of their own: a CuPy view
+        of each, ordered after XLA's writes to it (see ``cupy_exporter``), one
+        wait for that stream, then a synchronous copy.  JAX's own route
+        (``np.asarray``) took 145 us for a float32 scalar on an H100 after the
+        computation was done, this one 24 us (view 9 us, copy 15 us);
+        ``copy_to_host_async`` first saved only 17 us of the 145 and cost 48 us
+        of host time itself.  The stream is not the NCCL stream, so the copy waits
+        for what wrote these values only, not for every queued collective.  The
+        wait goes through ``_wait_for``: in the master a worker's death is
+        noticed even if a value waits on a collective the dead worker will never
+        join.  Values JAX did not make on this GPU, and dtypes CuPy lacks
+        (bfloat16), take JAX's route.
         """
         import jax
 
         out = list(values)
         views = []
-        if self._export is not None:
+        if self._copier is not None:
+            stream, export = self._copier
             for i, v in enumerate(values):
                 if isinstance(v, jax.Array):
                     try:
-                        views.append((i, self._export(v)))
+                        views.append((i, export(v)))
                     except Exception:  # not on this GPU, or a dtype CuPy does not know
                         pass
         if views:
-            self._wait()
+            self._wait_for(untimed_event(stream))
             for i, x in views:
-                out[i] = x.get(stream=self._stream)
+                out[i] = x.get(stream=stream)
         return [v if isinstance(v, np.ndarray) else np.asarray(v) for v in out]
 
     # ------------------------------------------------------ function outputs
@@ -713,7 +721,9 @@ def _numpy_interface(var, device, on_set, before_get):
         value = cls_get(var, borrow=True, return_internal_type=True)
         if return_internal_type:
             return value
-        return np.asarray(value) if borrow else np.array(value)
+        if isinstance(value, np.ndarray):
+            return value if borrow else value.copy()
+        return device.to_host([value])[0]  # a new array either way
 
     def set_value(new_value, borrow=False):
         device.set_value(var, new_value)

@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["MPIRUN", "ROOT", "mpi_env"]
+__all__ = ["MPIRUN", "MPICH", "ROOT", "mpi_env"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +23,12 @@ def _find():
 
 
 MPIRUN = _find()
+
+# An MPICH installation (a prefix with bin/mpiexec and lib/libmpi.so.12, such as a
+# virtual environment with PyPI's ``mpich`` wheel) for the tests that launch with
+# MPICH's Hydra; CI installs Open MPI only (the two wheels would overwrite each
+# other's mpiexec), so there they are skipped.
+MPICH = os.environ.get("SYNKHRONOS_TEST_MPICH") or None
 
 
 def mpi_env(gpus=False, **extra):

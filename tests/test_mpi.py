@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from _mpirun import MPIRUN, ROOT, mpi_env
+from _mpirun import MPICH, MPIRUN, ROOT, mpi_env
 
 HERE = ROOT / "tests"
 
@@ -132,3 +132,33 @@ def test_demos_run_unchanged_with_the_single_process_results(tmp_path):
                if ln.startswith("  2 rank(s) step")] for out in (multi, single)]
     assert len(losses[0]) == 2 and np.allclose(losses[0], losses[1], rtol=2e-3), losses
     assert "on 2 MPI ranks" in multi.stdout
+
+
+@pytest.mark.skipif(MPICH is None, reason="set SYNKHRONOS_TEST_MPICH to an MPICH prefix (pip install mpich)")
+def test_mpich_hydra_launch(tmp_path):
+    """The README's MPICH line: the session under MPICH's ``mpiexec`` equals the
+    single-host run, and with ``-disable-auto-cleanup`` a dead rank raises in
+    the master instead of Hydra ending the job."""
+    hydra = os.path.join(MPICH, "bin", "mpiexec")
+    env = mpi_env(SYNKHRONOS_HOST_PER_RANK="1", MPI4PY_LIBMPI=os.path.join(MPICH, "lib", "libmpi.so.12"))
+    run = [hydra, "-n", "4", sys.executable]
+    multi = subprocess.run(run + [str(HERE / "_mpi_session.py"), str(tmp_path / "mpich.npz")],
+                           capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    assert multi.returncode == 0, multi.stdout + multi.stderr
+    assert "on 4 hosts" in multi.stderr
+    single = subprocess.run([sys.executable, str(HERE / "_mpi_session.py"), str(tmp_path / "one.npz")],
+                            capture_output=True, text=True, timeout=180, env=mpi_env(), cwd=ROOT)
+    assert single.returncode == 0, single.stderr
+    one, many = np.load(tmp_path / "one.npz"), np.load(tmp_path / "mpich.npz")
+    assert sorted(one.files) == sorted(many.files)
+    for key in one.files:
+        np.testing.assert_allclose(many[key], one[key], rtol=1e-6, err_msg=key)
+    before = _segments()
+    crash = subprocess.run([hydra, "-disable-auto-cleanup", "-n", "4", sys.executable,
+                            str(HERE / "_mpi_fault.py"), "call"], capture_output=True, text=True,
+                           timeout=120, env=dict(env, SYNKHRONOS_FAULT="2:call:2:crash"), cwd=ROOT)
+    caught = [ln for ln in crash.stdout.splitlines() if ln.startswith("CAUGHT")]
+    assert caught and "worker rank 2" in caught[0], crash.stdout + crash.stderr
+    assert float(caught[0].split()[2]) < 10
+    assert "CLOSED: Synkhronos is not forked" in crash.stdout
+    assert _segments() <= before

@@ -26,7 +26,8 @@ def untimed_event(stream=None):
 
 
 def jax_importer():
-    """A function taking a list of CuPy arrays (inside ``with stream:``) to JAX
+    """A function taking a list of CuPy arrays (inside ``with stream:``), and
+    optionally an event recorded on that stream after their writes, to JAX
     arrays on the same memory, ordered after that stream's work.
 
     ``jax.dlpack.from_dlpack`` does this, but spends most of its ~45 us in Python
@@ -38,7 +39,8 @@ def jax_importer():
     array, the public function is used instead."""
     import jax
 
-    def public(bufs):
+    def public(bufs, after=None):
+        del after  # JAX's own hand-off orders the import
         return [jax.dlpack.from_dlpack(b) for b in bufs]
 
     try:
@@ -54,13 +56,14 @@ def jax_importer():
             ready = cupy.cuda.ExternalStream(stream)
         extra = (int(DLDeviceType.kDLCUDA),) if jaxlib_extension_version >= 467 else ()
 
-        def fast(bufs):
+        def fast(bufs, after=None):
             # XLA's ready stream waits once for the current stream's work so
-            # far, with an untimed event (``untimed_event``), and CuPy is asked
-            # for no hand-off of its own (-1): its own records a timed event
-            # per array.  (On 2 H200s the 64 MB all-reduce benchmark could not
+            # far, with an untimed event (``untimed_event``; ``after`` if the
+            # caller has just recorded one there), and CuPy is asked for no
+            # hand-off of its own (-1): its own records a timed event per
+            # array.  (On 2 H200s the 64 MB all-reduce benchmark could not
             # tell the two apart: 0.263-0.265 ms against 0.263-0.264 ms.)
-            ready.wait_event(untimed_event())
+            ready.wait_event(untimed_event() if after is None else after)
             return [_jax.dlpack_managed_tensor_to_buffer(b.__dlpack__(stream=-1), device, stream,
                                                          None, *extra)
                     if dtypes.canonicalize_dtype(b.dtype) == b.dtype else jax.dlpack.from_dlpack(b)

@@ -461,18 +461,19 @@ class GpuDevice:
             self._export = cupy_exporter(self._stream)
         return self._export(value)
 
-    def _outputs(self, outputs):
+    def _outputs(self, outputs, after=None):
         """Make each ``buf`` of ``outputs``' ``(var, buf)``, written on the NCCL
         stream, ``var``'s value.  The buffer is remembered while that value
         lives, so that a following collective on ``var`` reads it on the same
         stream, without a round trip through XLA's stream (on the GPU) and
-        DLPack (on the host)."""
+        DLPack (on the host).  ``after``: an event already recorded on the NCCL
+        stream after the buffers' writes, for JAX to wait on (else one is made)."""
         if not outputs:
             return
         if self._import is None:
             self._import = jax_importer()
         with self._stream:  # XLA's stream waits for this one
-            values = self._import([buf for _, buf in outputs])
+            values = self._import([buf for _, buf in outputs], after)
         own = self._own
         for (var, buf), value in zip(outputs, values):
             var.container.storage[0] = value
@@ -489,23 +490,25 @@ class GpuDevice:
         made their NCCL kernels run one at a time, with the host's latency
         between them; imported last, the wait falls on the next collective's
         first NCCL launch, when the GPU has finished this one anyway."""
-        self._retire(*keep)
-        self._outputs(outputs)
+        self._outputs(outputs, self._retire(*keep))
 
     def _retire(self, *arrays):
         """Keep ``arrays`` alive until the NCCL stream has passed this point.  If
         more than ``_INFLIGHT_BYTES`` are held so, wait for the oldest: the host
-        may run far ahead of the GPU, and each queued call holds its inputs."""
+        may run far ahead of the GPU, and each queued call holds its inputs.
+        Returns the event recorded at this point."""
         queue = self._inflight
         while queue and queue[0][0].done:
             self._held -= queue.popleft()[2]
         nbytes = sum(a.nbytes for a in arrays)
-        queue.append((self._mark(), arrays, nbytes))
+        mark = self._mark()
+        queue.append((mark, arrays, nbytes))
         self._held += nbytes
         while self._held > _INFLIGHT_BYTES and len(queue) > 1:
             event, _, old = queue.popleft()
             self._wait_for(event)
             self._held -= old
+        return mark
 
     def _mark(self):
         """An (untimed) event recorded on the NCCL stream now."""
@@ -555,21 +558,14 @@ class GpuDevice:
                          "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
         return self._ops[op]
 
-    @contextlib.contextmanager
-    def _grouped(self, count):
-        """Queue the NCCL calls made inside as one launch when there are several
-        (``count``): one kernel for a call's variables instead of one each, with
-        the host's work between them.  Nothing inside may read their results."""
-        if count < 2:
-            yield
-            return
-        from cupy.cuda import nccl
-
-        nccl.groupStart()
-        try:
-            yield
-        finally:
-            nccl.groupEnd()
+    @staticmethod
+    def _grouped(count):
+        """A context that queues the NCCL calls made inside as one launch when
+        there are several (``count``): one kernel for a call's variables instead
+        of one each, with the host's work between them.  Nothing inside may read
+        their results.  For one call, a context that does nothing (every
+        collective enters one: no generator to build)."""
+        return _NcclGroup() if count > 1 else _NO_GROUP
 
     def nccl_all_reduce(self, variables, op, shapes):
         import cupy
@@ -698,6 +694,24 @@ class GpuDevice:
                 outputs.append((var, joined))
         self._finish(keep, outputs)
         self._raise(problems)
+
+
+class _NcclGroup:
+    """NCCL's groupStart/groupEnd as a context (see ``GpuDevice._grouped``)."""
+
+    def __enter__(self):
+        from cupy.cuda import nccl
+
+        nccl.groupStart()
+
+    def __exit__(self, *exc):
+        from cupy.cuda import nccl
+
+        nccl.groupEnd()
+        return False
+
+
+_NO_GROUP = contextlib.nullcontext()
 
 
 def _forget(own, key, ref):

@@ -297,9 +297,9 @@ def test_collective_imports_its_outputs_after_its_other_cuda_calls(gpu2):
                 return getattr(comm, name)(*args)
             return call
 
-    def importing(bufs):
+    def importing(bufs, after=None):
         order.append("import %d" % len(bufs))
-        return imp(bufs)
+        return imp(bufs, after)
 
     def marking():
         order.append("mark")
@@ -327,11 +327,12 @@ def _run_on_one_gpu(code):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.gpus(1)
 def test_jax_importer_takes_the_fast_path_and_keeps_values():
     """The direct DLPack import must be in use on a supported JAX (else queued
     collectives pay ~45 us more per call), give the same arrays, make XLA wait
     for the stream still writing them, and leave that hand-off to its own
-    untimed event: CuPy is asked for none (its event is timed)."""
+    untimed event (or the caller's): CuPy is asked for none (its event is timed)."""
     code = ("import cupy, jax, jax.numpy as jnp, numpy as np\n"
             "from synkhronos._devices._dlpack import jax_importer\n"
             "imp = jax_importer()\n"
@@ -357,10 +358,17 @@ def test_jax_importer_takes_the_fast_path_and_keeps_values():
             "        big += 1\n"
             "    (late,) = imp([Spy(big)])\n"
             "assert asked == [-1], asked\n"
-            "assert float(jnp.min(late)) == 30.0\n")
+            "assert float(jnp.min(late)) == 30.0\n"
+            "from synkhronos._devices._dlpack import untimed_event\n"
+            "with s:\n"
+            "    for _ in range(30):\n"
+            "        big += 1\n"
+            "    (given,) = imp([big], untimed_event(s))\n"  # the caller's event, as _finish passes
+            "assert float(jnp.min(given)) == 60.0\n")
     _run_on_one_gpu(code)
 
 
+@pytest.mark.gpus(1)
 def test_cupy_exporter_takes_the_direct_path_and_keeps_values():
     """The direct DLPack export must be in use on a supported JAX, and give a view
     of the same memory, read on the NCCL stream after XLA's write."""

@@ -127,7 +127,11 @@ def plot_call_overhead(payload, png):
                 label="plain, cold call")
         pipe = payload.get("pipe_round_trip_us_median")
         if pipe:
-            ax.axhline(pipe, color="0.4", ls=":", lw=1, label="2-process pipe round trip (%.0f us)" % pipe)
+            ax.axhline(pipe, color="0.4", ls=":", lw=1, label="2-process socket round trip (%.0f us)" % pipe)
+        shm = payload.get("shm_round_trip_us_median")
+        if shm:
+            ax.axhline(shm, color="0.4", ls="--", lw=1,
+                       label="2-process shared-memory channel round trip (%.0f us)" % shm)
         target = payload.get("target_a")
         if target:
             p2 = [x["plain_us_median"] for s, x in zip(with_a, a) if s["ranks"] == target["ranks"]]

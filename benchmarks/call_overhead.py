@@ -14,8 +14,9 @@ medians reported, because the machine may be shared and noisy):
     times slower just after the thread slept, and with workers the master (and
     every worker) sleeps once per call, so this shows how much of the overhead
     is that effect.  For context, the median round trip of a small pickled
-    message between two plain processes over a socket pair (the floor any
-    master/worker protocol pays) is measured too.
+    message between two plain processes is measured too, over a socket pair and
+    through the shared-memory channel Synkhronos's workers use (``_channel``):
+    the floor of a master/worker protocol on each.
     Target: added overhead <= 150 us median with 2 ranks on a 2-core machine.
 
 (b) Scatter throughput of ``batch=`` with a random index array: a function whose
@@ -121,8 +122,12 @@ def _time_calls(fn, n, sleep_before=0.0):
     return times
 
 
-# ------------------------------------------------------------------- pipe floor
-def _echo_server(conn):
+# ------------------------------------------------------------------- floors
+def _echo_server(conn, names, spin):
+    if names:
+        from synkhronos._channel import ShmChannel
+
+        conn = ShmChannel(conn, spin, names, master=False)
     while True:
         msg = conn.recv()
         if msg is None:
@@ -130,13 +135,23 @@ def _echo_server(conn):
         conn.send((True, msg))
 
 
-def pipe_floor(calls, repeats):
-    """Median round trip of a small pickled message to another process and back."""
+def pipe_floor(calls, repeats, transport="socket"):
+    """Median round trip of a small pickled message to another process and back:
+    over a socket pair (``Connection``, blocking reads), or through Synkhronos's
+    shared-memory channel (``"shm"``, as its workers wait: polling, then sleeping)."""
+    from synkhronos._channel import ShmChannel, shm_channel_names
+    from synkhronos._protocol import spin_seconds
+    from synkhronos._shmem import new_token
+
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process with BLAS threads
-    proc = ctx.Process(target=_echo_server, args=(Connection(theirs.detach()),), daemon=True)
-    proc.start()
+    names = shm_channel_names(new_token(), 1) if transport == "shm" else None
     conn = Connection(ours.detach())
+    if names:
+        conn = ShmChannel(conn, spin_seconds(), names, master=True)
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process with BLAS threads
+    proc = ctx.Process(target=_echo_server, args=(Connection(theirs.detach()), names, spin_seconds()),
+                       daemon=True)
+    proc.start()
     # About the size of a CALL payload: a few names, offsets, shapes and slices.
     payload = (2, (0, [(("/synk_x_d0_1", 0, "<f4", (64, 32)), slice(32, 64))], [], None, (0,), 1))
 
@@ -144,13 +159,17 @@ def pipe_floor(calls, repeats):
         conn.send(payload)
         conn.recv()
 
-    _time_calls(once, min(200, calls))
-    times = []
-    for _ in range(repeats):
-        times += _time_calls(once, calls)
-    conn.send(None)
-    proc.join(5)
-    conn.close()
+    try:
+        _time_calls(once, min(200, calls))
+        times = []
+        for _ in range(repeats):
+            times += _time_calls(once, calls)
+        conn.send(None)
+        proc.join(5)
+    finally:
+        if names:
+            conn.unlink()
+        conn.close()
     return times
 
 
@@ -486,8 +505,10 @@ def make_payload(info, args, sessions, pipe_times=None, memory=None, notes=()):
     ``memory`` the rows of part (c)."""
     results = {"benchmark": "call_overhead", "machine": info, "settings": {
         k: v for k, v in vars(args).items() if k != "out"}, "notes": list(notes), "sessions": sessions}
-    if pipe_times is not None:
-        results["pipe_round_trip_us_median"] = median(pipe_times) * 1e6
+    if pipe_times is not None:  # {"socket": [...], "shm": [...]}
+        results["pipe_round_trip_us_median"] = median(pipe_times["socket"]) * 1e6
+        if "shm" in pipe_times:
+            results["shm_round_trip_us_median"] = median(pipe_times["shm"]) * 1e6
     for s in sessions:
         if "a" in s and s["ranks"] == 2:
             overhead = s["a"]["overhead_us_median"]
@@ -527,7 +548,9 @@ def main(argv=None):
         for n in args.ranks:
             print("running n=%d ranks ..." % n, flush=True)
             sessions.append(run_session(n, args, rng))
-    floor = pipe_floor(args.calls, args.repeats) if "a" in args.parts else None
+    floor = None
+    if "a" in args.parts:
+        floor = {t: pipe_floor(args.calls, args.repeats, t) for t in ("socket", "shm")}
     results = make_payload(info, args, sessions, floor, None, notes)  # (c) comes below
 
     if "a" in args.parts:
@@ -552,8 +575,9 @@ def main(argv=None):
                      "plain cold", "synk cold", "result"], rows))
         print("cold = the same call right after a %.0f us sleep (caches and predictors of an idle core "
               "lose state; a master waiting for workers sleeps every call)" % (COLD_SLEEP_S * 1e6))
-        print("two-process pipe round trip (no synk, same payload size): %.1f us median"
-              % results["pipe_round_trip_us_median"])
+        print("two-process round trip of the same payload, no synk: %.1f us over a socket pair, "
+              "%.1f us through synk's shared-memory channel (medians)"
+              % (results["pipe_round_trip_us_median"], results["shm_round_trip_us_median"]))
 
     if "b" in args.parts:
         rows = []

@@ -5,6 +5,10 @@ A rank that sends arrays writes them into its buffer and passes array refs
 (``_shmem.array_ref``); the receiver reads them in place.  A buffer is only rewritten by its
 owner's next send, which under the master's lock-step protocol (every action is
 one round trip) happens after the receiver has finished reading.
+
+An array sent inline travels as ``(dtype str, shape, bytes)``: pickling that takes
+about 1 us, where numpy's own pickling of a 0-d float32 array and back took 9 us,
+on the critical path of every call whose outputs go through the host.
 """
 
 import numpy as np
@@ -57,17 +61,17 @@ class ExchangeBuffer:
         return self._seg
 
     def send(self, arrays, inline_bytes=INLINE_BYTES):
-        """Package ``arrays`` (a list) for another rank: small ones stay as they
-        are, large ones are copied into this buffer and replaced by array refs."""
+        """Package ``arrays`` (a list) for another rank: small ones go inline,
+        large ones are copied into this buffer and replaced by array refs."""
         arrays = [np.asarray(a) for a in arrays]
         if self.inline:
-            return arrays
+            return [_inline(a) for a in arrays]
         big = [i for i, a in enumerate(arrays) if a.nbytes >= inline_bytes]
+        tokens = [None if a.nbytes >= inline_bytes else _inline(a) for a in arrays]
         if not big:
-            return arrays
+            return tokens
         total = sum(_aligned(arrays[i].nbytes) for i in big)
         seg = self._reserve(total)
-        tokens = list(arrays)
         offset = 0
         for i in big:
             a = arrays[i]
@@ -83,15 +87,27 @@ class ExchangeBuffer:
             self._seg = None
 
 
+def _inline(a):
+    """How array ``a`` travels inline: ``(dtype str, shape, bytes)`` for numbers
+    (see the module docstring), else the array itself."""
+    if a.dtype.kind in "biufc":
+        return a.dtype.str, a.shape, a.tobytes()
+    return a
+
+
 def receive(tokens, cache, copy=False):
     """Turn tokens from ``ExchangeBuffer.send`` back into arrays.
 
     With ``copy=False`` arrays that came through shared memory are views that are
-    only valid until the sender's next send.
+    only valid until the sender's next send; inline ones are read-only.
     """
     out = []
     for t in tokens:
-        if isinstance(t, tuple):  # an array ref
+        if isinstance(t, tuple) and len(t) == 3:  # inline: (dtype str, shape, bytes)
+            dtype, shape, data = t
+            v = np.frombuffer(data, dtype=dtype).reshape(shape)
+            out.append(v.copy() if copy else v)
+        elif isinstance(t, tuple):  # an array ref: (segment name, offset, dtype str, shape)
             v = cache.view(t)
             out.append(v.copy() if copy else v)
         else:

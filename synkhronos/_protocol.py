@@ -1,4 +1,5 @@
-"""The command channel between the master and each worker.
+"""The command protocol between the master and each worker (how messages travel
+is ``_channel``'s business).
 
 Every action is one round trip: the master sends ``(Command, payload)`` to the
 workers it needs, does its own share, then reads one reply from each.  A reply is
@@ -11,18 +12,14 @@ orders the work.
 """
 
 import enum
-import math
 import os
-import select
-import time
 import traceback
 
-__all__ = ["Command", "Receiver", "ok", "failure", "spin_seconds", "env_nonnegative", "env_flag"]
+__all__ = ["Command", "ok", "failure", "spin_seconds", "env_nonnegative", "env_flag"]
 
-# How long a process polls for the next message before it blocks: a process
-# woken from sleep runs its first microseconds slowly, so a short poll makes
-# back-to-back calls much faster, while an idle session still sleeps.  (Polling
-# 3 ms instead of 100 us did not speed up a tiny call on 2 GPUs.)
+# How long a process polls for the next message before it sleeps (see
+# ``_channel``).  (Polling 3 ms instead of 100 us did not speed up a tiny call on
+# 2 GPUs.)
 SPIN_ENV = "SYNKHRONOS_SPIN_US"
 SPIN_DEFAULT = 100e-6
 
@@ -107,56 +104,3 @@ def ok(result=None):
 def failure(exc):
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return False, (type(exc).__name__, str(exc), tb)
-
-
-class Receiver:
-    """Reads the messages of one connection, polling for ``spin`` seconds before
-    it blocks (a ``select.poll`` object made once: a poll costs ~0.6 us, where
-    ``Connection.poll`` builds a selector each time, ~5 us).
-
-    Parameters
-    ----------
-    conn : multiprocessing.connection.Connection
-    spin : float
-        Seconds to poll before blocking (see ``spin_seconds``).
-    """
-
-    def __init__(self, conn, spin):
-        self.conn = conn
-        self.spin = spin
-        self._poll = select.poll()
-        self._poll.register(conn.fileno(), select.POLLIN)
-        self._hup = None
-
-    def hung_up(self):
-        """Whether the other end has closed the connection (its process died),
-        seen without reading anything that is still to be read."""
-        if self._hup is None:
-            self._hup = select.poll()
-            self._hup.register(self.conn.fileno(), getattr(select, "POLLRDHUP", 0x2000))
-        return bool(self._hup.poll(0))
-
-    def ready(self, timeout=0.0):
-        """Whether a message (or the end of the stream) can be read within
-        ``timeout`` seconds (None: wait as long as it takes)."""
-        ms = -1 if timeout is None else max(0, math.ceil(timeout * 1000))
-        return bool(self._poll.poll(ms))
-
-    def wait(self, timeout=None):
-        """Poll for up to ``spin`` seconds, then block until a message can be read
-        or ``timeout`` seconds (counted from now) have passed; returns whether
-        one can be read."""
-        if self.spin > 0 and not self.ready():
-            start = time.perf_counter()
-            deadline = start + self.spin
-            while time.perf_counter() < deadline:
-                if self.ready():
-                    return True
-            if timeout is not None:
-                timeout -= time.perf_counter() - start
-        return self.ready(timeout)
-
-    def recv(self):
-        """The next message, waiting as long as it takes."""
-        self.wait()
-        return self.conn.recv()

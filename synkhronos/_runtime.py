@@ -264,7 +264,7 @@ class Runtime:
         a collective), and a ``StallError`` if a worker is past its timeout.
         For the master to call while it waits on its device."""
         for w in self.workers.values():
-            while w.owed and w.receiver.ready():
+            while w.owed and w.channel.ready():
                 try:
                     self._read_owed(w)
                 except WorkerError:
@@ -314,12 +314,12 @@ class Runtime:
         # stuck in a collective with a dead one and never answer.
         while True:
             left = None if self.timeout is None else w.since + self.timeout - time.monotonic()
-            if w.receiver.wait(_DEATH_CHECK_S if left is None else min(left, _DEATH_CHECK_S)):
+            if w.channel.wait(_DEATH_CHECK_S if left is None else min(left, _DEATH_CHECK_S)):
                 break
             self._check_alive()
             if left is not None and left <= _DEATH_CHECK_S:
                 self._stall()
-        msg = w.conn.recv()
+        msg = w.channel.recv()
         if w.owed:  # replies come in the order of the commands: posted ones first
             label = w.owed.popleft()
         else:
@@ -333,7 +333,7 @@ class Runtime:
         the timeout without a reply (none: return, a reply has just come)."""
         now = time.monotonic()
         stuck = {r: w for r, w in self.workers.items()
-                 if w.busy and now - w.since >= self.timeout and not w.receiver.ready()}
+                 if w.busy and now - w.since >= self.timeout and not w.channel.ready()}
         if not stuck:
             return
         labels = {r: (w.owed[0] if w.owed else w.asked) for r, w in stuck.items()}
@@ -360,7 +360,7 @@ class Runtime:
             w = self.workers[r]
             drops, w.pending_drops = w.pending_drops, []
             try:
-                w.conn.send((int(cmd), payload[r] if per_rank else payload, drops))
+                w.channel.send((int(cmd), payload[r] if per_rank else payload, drops))
             except OSError:
                 dead = r if dead is None else min(dead, r)
                 continue
@@ -376,7 +376,7 @@ class Runtime:
     def _check_alive(self):
         """Raise WorkerError for the lowest rank whose process has died."""
         for w in self.workers.values():
-            if w.receiver.hung_up() and not w.receiver.ready():
+            if w.channel.hung_up() and not w.channel.ready():
                 self._died(w.rank)
 
     def _died(self, rank):

@@ -181,8 +181,9 @@ class SegmentCache:
 
 
 def unlink_session(token, slot_prefix=""):
-    """Unlink every segment of session ``token`` (whose slot starts with
-    ``slot_prefix``: ``"h2"`` for host 2's copies); returns how many were removed."""
+    """Unlink every segment and semaphore of session ``token`` (whose slot starts
+    with ``slot_prefix``: ``"h2"`` for host 2's copies); returns how many were
+    removed.  (Linux keeps a named semaphore ``/x`` as ``sem.x`` in /dev/shm.)"""
     prefix = "%s%s_%s" % (_PREFIX, token, slot_prefix)
     removed = 0
     try:
@@ -190,9 +191,14 @@ def unlink_session(token, slot_prefix=""):
     except OSError:  # no /dev/shm to scan (not Linux): owners unlink their own
         return 0
     for entry in names:
-        if entry.startswith(prefix):
+        semaphore = entry.startswith("sem.")
+        name = entry[len("sem."):] if semaphore else entry
+        if name.startswith(prefix):
             try:
-                posix_ipc.unlink_shared_memory("/" + entry)
+                if semaphore:
+                    posix_ipc.unlink_semaphore("/" + name)
+                else:
+                    posix_ipc.unlink_shared_memory("/" + name)
                 removed += 1
             except posix_ipc.ExistentialError:
                 pass

@@ -30,10 +30,11 @@ import threading
 import time
 
 from . import _log, _shmem, _stacks
+from ._channel import ShmChannel, SocketChannel
 from ._core import reseed_generators
 from ._exchange import ExchangeBuffer, receive
 from ._plan import take_rows
-from ._protocol import Command, Receiver, failure, ok
+from ._protocol import Command, failure, ok
 
 _WATCH_S = 0.5  # how often a worker checks that its master is alive
 FAULT_ENV = "SYNKHRONOS_FAULT"
@@ -234,13 +235,12 @@ class _Faults:
         raise RuntimeError("fault injected by %s into %s #%d" % (FAULT_ENV, cmd.name.lower(), n))
 
 
-def _serve(receiver, state, faults):
+def _serve(channel, state, faults):
     """Answer commands until EXIT; returns None if the master vanished, else
     EXIT's payload (whether the session failed)."""
-    conn = receiver.conn
     while True:
         try:
-            cmd, payload, drops = receiver.recv()
+            cmd, payload, drops = channel.recv()
         except (EOFError, OSError):
             return None
         for name in drops:
@@ -254,7 +254,7 @@ def _serve(receiver, state, faults):
         except Exception as exc:
             reply = failure(exc)
         try:
-            conn.send(reply)
+            channel.send(reply)
         except (EOFError, OSError):
             return None
 
@@ -276,12 +276,12 @@ def _watch_master(master_pid, token, tmpdir):
             os._exit(1)
 
 
-def _watch_connection(receiver, done, remove):
+def _watch_connection(channel, done, remove):
     """For ranks launched by MPI, whose parent is the launcher: exit once the
     master's end of the connection is closed (it died, or closed the session
     while this rank was stuck, say in a collective with a dead rank), unless
     the main thread is already leaving in order (``done`` set)."""
-    while not receiver.hung_up():
+    while not channel.hung_up():
         time.sleep(_WATCH_S)
     if done.wait(2.0):
         return
@@ -302,15 +302,18 @@ def _run(config, conn, cluster=None, prepare=None):
         if prepare is not None:
             prepare()
         state = _WorkerState(config, cluster)
+        if config.get("channel"):  # spawned on the master's host: shared-memory rings
+            channel = ShmChannel(conn, state.spin, config["channel"], master=False)
+        else:
+            channel = SocketChannel(conn, state.spin)
     except Exception as exc:  # say why to the master, which is waiting for this rank
         conn.send(failure(exc))
         raise
-    receiver = Receiver(conn, state.spin)
     done = threading.Event()
     if cluster is not None:
         own = "h%d" % cluster.host if cluster.remote(rank) else "r%d" % rank
         threading.Thread(target=_watch_connection, daemon=True, name="synkhronos-watchdog",
-                         args=(receiver, done, lambda: _remove_session(token, tmpdir, own))).start()
+                         args=(channel, done, lambda: _remove_session(token, tmpdir, own))).start()
     profiler = None
     if config["profile"]:
         import cProfile
@@ -321,7 +324,7 @@ def _run(config, conn, cluster=None, prepare=None):
     logger.debug("worker rank %d (pid %d) ready", rank, os.getpid())
     ended = None
     try:
-        ended = _serve(receiver, state, faults)
+        ended = _serve(channel, state, faults)
         done.set()
     finally:
         if profiler is not None:
@@ -336,7 +339,7 @@ def _run(config, conn, cluster=None, prepare=None):
             _remove_session(token, tmpdir)
         elif cluster is not None:
             shutil.rmtree(tmpdir, ignore_errors=True)
-        conn.close()
+        channel.close()
         faulthandler.disable()
         stack_file.close()
     return ended

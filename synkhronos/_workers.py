@@ -16,7 +16,8 @@ import time
 from multiprocessing.connection import Connection
 
 from . import _log
-from ._protocol import Command, Receiver
+from ._channel import ShmChannel, SocketChannel, shm_channel_names
+from ._protocol import Command
 from .exceptions import WorkerError
 
 __all__ = ["WorkerHandle", "spawn_processes", "connect_mpi_ranks", "stop", "pytensor_flags",
@@ -59,20 +60,17 @@ class WorkerHandle:
     rank : int
     process : subprocess.Popen or None
         None for a rank that MPI launched (the launcher owns its process).
-    conn : multiprocessing.connection.Connection
-        The command channel.
-    spin : float
-        Seconds to poll for a reply before blocking.
+    channel : SocketChannel or ShmChannel
+        The command channel (see ``_channel``).
     where : str
         Where it runs, for messages (``"host node3"``).
     """
 
-    def __init__(self, rank, process, conn, spin, where="this host"):
+    def __init__(self, rank, process, channel, where="this host"):
         self.rank = rank
         self.process = process
         self.where = where
-        self.conn = conn
-        self.receiver = Receiver(conn, spin)
+        self.channel = channel
         self.pending_drops = []  # segments of collected Data, dropped with the next command
         self.owed = collections.deque()  # labels of posted commands whose replies are unread
         self.asked = None  # label of the round trip's command while its reply is unread
@@ -95,7 +93,7 @@ def connect_mpi_ranks(rt):
                   profile=bool(rt.profile_workers), profile_dir=tempfile.gettempdir(),
                   spin=rt.spin, log_level=_log.worker_level())
     conns = _mpi.connect_workers(rt.cluster, config)
-    workers = {rank: WorkerHandle(rank, None, conn, rt.spin, rt.cluster.where(rank))
+    workers = {rank: WorkerHandle(rank, None, SocketChannel(conn, rt.spin), rt.cluster.where(rank))
                for rank, conn in sorted(conns.items())}
     rt.workers.update(workers)  # closed with the runtime, should one fail to start
     deadline = time.monotonic() + READY_TIMEOUT
@@ -125,6 +123,12 @@ def spawn_processes(rt):
     workers = {}
     for rank in rt.worker_ranks:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        names = shm_channel_names(rt.token, rank)
+        try:
+            channel = ShmChannel(Connection(ours.detach()), rt.spin, names, master=True)
+        except BaseException:
+            theirs.close()
+            raise
         env = dict(os.environ)
         env.update(rt.device.worker_env(rank, rt.n_parallel))
         env["TMPDIR"] = tmpdir
@@ -132,7 +136,7 @@ def spawn_processes(rt):
             rank=rank, fd=theirs.fileno(), token=rt.token, n_parallel=rt.n_parallel,
             master_rank=rt.master_rank, device=rt.device.name,
             profile=bool(rt.profile_workers), profile_dir=tempfile.gettempdir(),
-            tmpdir=tmpdir, sys_path=path, spin=rt.spin, log_level=log_level,
+            tmpdir=tmpdir, sys_path=path, spin=rt.spin, log_level=log_level, channel=names,
         ))
         if flags:
             extra = ",".join("%s=%s" % kv for kv in flags.items())
@@ -142,22 +146,31 @@ def spawn_processes(rt):
         try:
             proc = subprocess.Popen([sys.executable, "-c", bootstrap], env=env,
                                     pass_fds=(theirs.fileno(),), close_fds=True)
+        except BaseException:
+            channel.unlink()
+            channel.close()
+            raise
         finally:
             theirs.close()
-        workers[rank] = rt.workers[rank] = WorkerHandle(rank, proc, Connection(ours.detach()), rt.spin)
+        workers[rank] = rt.workers[rank] = WorkerHandle(rank, proc, channel)
         logger.debug("worker rank %d started (pid %d)", rank, proc.pid)
     deadline = time.monotonic() + READY_TIMEOUT
     for w in workers.values():
-        _await_ready(w, deadline)
+        try:
+            _await_ready(w, deadline)
+        finally:
+            w.channel.unlink()  # the worker has opened it (or never will)
         logger.debug("worker rank %d ready after %.2f s", w.rank, time.monotonic() - t0)
     return tmpdir, workers
 
 
 def _await_ready(w, deadline):
+    """Wait for worker ``w``'s first message, which comes on the socket."""
+    conn = w.channel.conn
     while True:
-        if w.conn.poll(0.05):
+        if conn.poll(0.05):
             try:
-                okay, result = w.conn.recv()
+                okay, result = conn.recv()
             except (EOFError, OSError):
                 break
             if okay:
@@ -187,7 +200,7 @@ def stop(workers, failed, cluster=None):
             w.process.kill()
             continue
         try:
-            w.conn.send((int(Command.EXIT), failed, ()))
+            w.channel.send((int(Command.EXIT), failed, ()))
         except OSError:
             pass
     deadline = time.monotonic() + EXIT_TIMEOUT
@@ -198,4 +211,4 @@ def stop(workers, failed, cluster=None):
             except subprocess.TimeoutExpired:
                 w.process.kill()
                 w.process.wait()
-        w.conn.close()
+        w.channel.close()

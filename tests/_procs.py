@@ -13,13 +13,14 @@ SHM_DIR = "/dev/shm"
 
 
 def segments(token):
-    """Shared-memory names of session ``token``."""
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith("synk_%s_" % token))
+    """Shared-memory segments and semaphores (``sem.`` names) of session ``token``."""
+    prefix = "synk_%s_" % token
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix) or n.startswith("sem." + prefix))
 
 
 def our_segments():
-    """Shared-memory names of any session started by this process."""
-    pattern = re.compile(r"synk_%d[0-9a-f]{32}_" % os.getpid())
+    """Shared-memory segments and semaphores of any session started by this process."""
+    pattern = re.compile(r"(sem\.)?synk_%d[0-9a-f]{32}_" % os.getpid())
     return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n))
 
 

@@ -94,6 +94,7 @@ def test_call_overhead_writes_png(tmp_path):
         payload = json.load(f)
     assert payload["benchmark"] == "call_overhead"
     assert {"sessions", "memory", "target_a"} <= set(payload)  # every panel had data
+    assert 0 < payload["shm_round_trip_us_median"] and 0 < payload["pipe_round_trip_us_median"]
     _check_png(png, "call_overhead")
 
 
@@ -182,7 +183,8 @@ def _call_overhead_gpu_payload():
                  "memcpy": [0.001] * 3}
         sessions.append({"ranks": n, "a": mod.overhead_stats(synk, plain, cold, plain, True),
                          "b": mod.scatter_stats(times, 32768, 8192, True)})
-    return mod.make_payload(_machine(gpus=8), args, sessions, [40e-6] * 10, None, [])
+    return mod.make_payload(_machine(gpus=8), args, sessions, {"socket": [40e-6] * 10, "shm": [12e-6] * 10},
+                            None, [])
 
 
 def _bf16_loss_curve_payload():

@@ -1,6 +1,7 @@
 """Cleanup: however a session ends (close(), normal exit, an uncaught exception,
-Ctrl-C, the master killed), no worker process and no shared-memory segment of the
-session may remain, and no POSIX semaphore is ever created.
+Ctrl-C, the master killed), no worker process, shared-memory segment or semaphore
+of the session may remain; the command channels' memory and semaphores lose their
+names as soon as the workers have opened them.
 """
 
 import os
@@ -152,17 +153,24 @@ def test_close_with_unresponsive_worker(fresh):
     assert _segments(token) == []
 
 
-def test_no_posix_semaphores(fresh):
+def test_channel_names_are_gone_once_the_workers_run(fresh):
+    """Every process maps its channels' rings and semaphores, but by the time
+    fork() returns no name of them is left to leak, whatever happens next."""
     _build_session()
     token, workers = _session_ids()
     pids = [os.getpid()] + [pid for pid, _ in workers.values()]
     for pid in pids:
         maps = _shm_maps(pid)
-        assert [m for m in maps if "synk_%s_" % token in m], "pid %d maps no segment" % pid
-        assert not [m for m in maps if "/sem." in m], "pid %d maps a POSIX semaphore" % pid
+        channel = [m for m in maps if "synk_%s_c" % token in m]
+        assert channel and all(m.endswith("(deleted)") for m in channel), (pid, channel)
+        # (glibc maps a semaphore under the temporary name it made it with)
+        sems = [m for m in maps if SHM_DIR + "/sem." in m]
+        assert sems and all(m.endswith("(deleted)") for m in sems), (pid, sems)
     assert _semaphores(token) == []
+    assert not [n for n in _segments(token) if n.startswith("synk_%s_c" % token)]
     synk.close()
     assert _semaphores(token) == []
+    assert not [m for m in _shm_maps(os.getpid()) if "synk_%s_" % token in m]
 
 
 def test_free_memory_releases_segment_everywhere(fresh):
@@ -231,7 +239,7 @@ info = dict(
     pids=pids,
     segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("synk_%%s_" %% rt.token)),
     mapped={str(p): len([m for m in shm_maps(p) if "synk_" in m]) for p in [os.getpid()] + pids},
-    semaphores=[m for p in [os.getpid()] + pids for m in shm_maps(p) if "/sem." in m],
+    semaphores=sorted(n for n in os.listdir("/dev/shm") if n.startswith("sem.")),
 )
 print("SYNK-INFO " + json.dumps(info), flush=True)
 if mode == "raise":
@@ -291,7 +299,7 @@ class _Script:
         info = self.info
         assert {"d0", "r0", "r1"} <= _slots(info["segments"]), info["segments"]
         assert all(n > 0 for n in info["mapped"].values()), info["mapped"]  # maps were readable
-        assert info["semaphores"] == []
+        assert [n for n in info["semaphores"] if "synk" in n] == []  # unlinked once the workers run
 
     def wait(self, timeout=60):
         try:

@@ -42,7 +42,7 @@ def session():
 
 def _wait_for_replies(rt, ranks):
     deadline = time.monotonic() + 10
-    while not all(rt.workers[r].conn.poll(0) for r in ranks):
+    while not all(rt.workers[r].channel.ready() for r in ranks):
         assert time.monotonic() < deadline, "workers did not answer"
         time.sleep(0.01)
 

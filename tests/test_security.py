@@ -129,7 +129,7 @@ def test_no_network_listener(session):
         assert not socks & inet, "worker rank %d has a TCP/UDP socket" % rank
         assert not socks & named, "worker rank %d has a named Unix socket" % rank
     # The master's ends of the channels are unnamed Unix sockets too.
-    channels = {os.readlink("/proc/self/fd/%d" % w.conn.fileno())[len("socket:["):-1]
+    channels = {os.readlink("/proc/self/fd/%d" % w.channel.conn.fileno())[len("socket:["):-1]
                 for w in rt.workers.values()}
     assert not channels & inet and not channels & named
 

@@ -12,6 +12,12 @@ import time
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
+# Run from a checkout, a benchmark measures that checkout's Synkhronos, not an older
+# installed copy (every script imports this module before Synkhronos).
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(_CHECKOUT, "synkhronos")) and _CHECKOUT not in sys.path:
+    sys.path.insert(0, _CHECKOUT)
+
 
 def usable_cores():
     """Cores this process may run on (its CPU affinity)."""

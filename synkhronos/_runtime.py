@@ -120,6 +120,26 @@ def _sigint_deferred():
         raise KeyboardInterrupt
 
 
+class _InterruptCloses:
+    """A context in which Ctrl-C closes the session ``rt``: while the master talks
+    to the workers, replies may still be in flight, so the channels cannot be
+    trusted any more.  A class made once, not a generator per use: every call and
+    collective enters it."""
+
+    __slots__ = ("rt",)
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is KeyboardInterrupt:
+            self.rt._fail_closed()
+        return False
+
+
 class Runtime:
     """All state of a forked Synkhronos session (see module docstring)."""
 
@@ -133,6 +153,7 @@ class Runtime:
         self.action = None  # the public call under way (see ``action``)
         self.tmpdir = None  # the workers' private temporary directory
         self.spin = spin_seconds()
+        self._interrupt_closes = _InterruptCloses(self)
         self.token = _shmem.new_token()
         self.exchange = ExchangeBuffer(self.token, master_rank)
         self.cache = _shmem.SegmentCache()
@@ -200,12 +221,9 @@ class Runtime:
             If a worker did not answer within ``timeout`` seconds.
         """
         self._check_open()
-        try:  # as _interrupt_closes, inline: this runs on every call
+        with self._interrupt_closes:
             self._settle()
             return self._round_trip(cmd, payload, ranks, local)
-        except KeyboardInterrupt:
-            self._fail_closed()
-            raise
 
     def post(self, cmd, payload=None, ranks=None, local=None, binding=True):
         """Send ``cmd`` to workers and run ``local()`` here without waiting for
@@ -220,7 +238,7 @@ class Runtime:
         that the master will not join.  Otherwise the error is raised as it is.
         """
         self._check_open()
-        try:  # as _interrupt_closes, inline: this runs on every collective
+        with self._interrupt_closes:
             ranks = self._ranks_for(payload, ranks)
             for r in ranks:
                 w = self.workers[r]
@@ -238,25 +256,12 @@ class Runtime:
             except Exception:
                 self._fail_closed()
                 raise
-        except KeyboardInterrupt:
-            self._fail_closed()
-            raise
 
     def settle(self):
         """Read every reply still owed for posted commands; raise the first failure."""
         self._check_open()
-        with self._interrupt_closes():
+        with self._interrupt_closes:
             self._settle()
-
-    @contextlib.contextmanager
-    def _interrupt_closes(self):
-        """Ctrl-C while talking to the workers closes the session: replies may still
-        be in flight, so the channels cannot be trusted any more."""
-        try:
-            yield
-        except KeyboardInterrupt:
-            self._fail_closed()
-            raise
 
     def check_posted(self):
         """Read owed replies that have already arrived, without waiting; raise a

@@ -240,9 +240,8 @@ class ShmChannel(SocketChannel):
                 pass
 
     def close(self):
-        for view in ("_out", "_in"):
-            if hasattr(self, view):
-                getattr(self, view).release()
+        self._out.release()
+        self._in.release()
         for sem in self._sems:
             sem.close()
         self._sems = []

@@ -66,8 +66,8 @@ class ExchangeBuffer:
         arrays = [np.asarray(a) for a in arrays]
         if self.inline:
             return [_inline(a) for a in arrays]
-        big = [i for i, a in enumerate(arrays) if a.nbytes >= inline_bytes]
         tokens = [None if a.nbytes >= inline_bytes else _inline(a) for a in arrays]
+        big = [i for i, t in enumerate(tokens) if t is None]
         if not big:
             return tokens
         total = sum(_aligned(arrays[i].nbytes) for i in big)

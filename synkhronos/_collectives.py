@@ -69,34 +69,44 @@ def _targets(rt, shared_vars):
     return list(variables), ids, single
 
 
-def _values_for(values, variables, argname="values"):
-    """One value per variable, as numpy arrays or Data of the variable's type."""
-    if len(variables) == 1 and not (isinstance(values, (list, tuple)) and len(values) == 1
-                                    and isinstance(values[0], (Data, np.ndarray))):
-        values = [values]
+def _values_for(values, variables, single, argname="values"):
+    """One value per variable, as numpy arrays or Data of the variable's type.
+
+    For a list of variables (``single`` False) ``values`` is a list or tuple with
+    one value for each.  For one variable it is that variable's value; a list
+    holding one Data or array of the variable's ndim is taken as a list of one
+    value (``set_value(0, s, [v])``)."""
+    if single:
+        first = values[0] if isinstance(values, (list, tuple)) and len(values) == 1 else None
+        ndim = variables[0].ndim
+        listed = isinstance(first, Data) or (isinstance(first, np.ndarray) and first.ndim == ndim)
+        values = [first] if listed else [values]
     if not isinstance(values, (list, tuple)) or len(values) != len(variables):
         raise ValueError("%s must give one value for each of the %d shared variables, got %r"
                          % (argname, len(variables), values))
     out = []
-    for v, var in zip(values, variables):
+    for k, (v, var) in enumerate(zip(values, variables)):
+        where = argname if len(values) == 1 else "%s[%d]" % (argname, k)  # which value is wrong
         if isinstance(v, Data):
             if v.dtype != var.dtype or v.ndim != var.ndim:
-                raise TypeError("%s: Data of dtype %s, ndim %d does not fit %s (dtype %s, ndim %d)"
-                                % (argname, v.dtype, v.ndim, var, var.dtype, var.ndim))
+                raise TypeError("%s: %r (dtype %s, ndim %d) does not fit shared variable %s (dtype %s, "
+                                "ndim %d)" % (where, v, v.dtype, v.ndim, var, var.dtype, var.ndim))
             if v._array is None:
-                raise ValueError("%s: Data %r holds no memory" % (argname, v))
+                raise ValueError("%s: Data %r holds no memory" % (where, v))
             out.append(v)
             continue
         try:
             arr = np.asarray(v)
             if arr.dtype != var.dtype:
-                arr = np.asarray(var.type.filter(v))  # PyTensor's own casting rules
+                # PyTensor's own casting rules; a static shape is checked on the rows
+                # each rank gets (``_check_static``), whatever the dtype given.
+                arr = np.asarray(var.type.clone(shape=(None,) * var.ndim).filter(v))
         except (TypeError, ValueError) as exc:
-            raise TypeError("%s: %s does not fit %s (dtype %s): %s"
-                            % (argname, brief(v), var, var.dtype, exc)) from None
+            raise TypeError("%s: %s does not fit shared variable %s (dtype %s): %s"
+                            % (where, brief(v), var, var.dtype, exc)) from None
         if arr.ndim != var.ndim:
-            raise TypeError("%s: value of ndim %d does not fit %s (ndim %d)"
-                            % (argname, arr.ndim, var, var.ndim))
+            raise TypeError("%s: value of ndim %d does not fit shared variable %s (ndim %d)"
+                            % (where, arr.ndim, var, var.ndim))
         out.append(arr)
     return out
 
@@ -110,11 +120,14 @@ def _check_static(var, shape, argname="values"):
                         % (argname, tuple(shape), var, tuple("?" if d is None else d for d in static)))
 
 
-def _token(rt, value):
-    """How workers find ``value``: a Data segment, or the master's exchange buffer."""
-    if isinstance(value, Data):
-        return value._ref()
-    return rt.exchange.send([value])[0]
+def _tokens(rt, values):
+    """How workers on this host find each of ``values``: a Data by its segment,
+    the arrays through the master's exchange buffer, all laid out in one send
+    (see ``_exchange``).  The caller releases the buffer once the command's
+    round trip is over."""
+    arrays = [v for v in values if not isinstance(v, Data)]
+    packed = iter(rt.exchange.send(arrays))
+    return [v._ref() if isinstance(v, Data) else next(packed) for v in values]
 
 
 def _array(value):
@@ -154,33 +167,37 @@ def _set_all(rt, variables, ids, values, rows=None, ranks=None, argname="values"
     do not fit a variable's static shape raise TypeError naming ``argname``."""
     m = rt.master_rank
     ranks = list(range(rt.n_parallel)) if ranks is None else ranks
-    tokens = [_token(rt, v) for v in values] if any(r != m and not rt.remote(r) for r in ranks) else None
-    if any(rt.remote(r) for r in ranks):
-        rt.publish([v for v in values if isinstance(v, Data)])
 
     def rows_of(rank):
         return [None] * len(ids) if rows is None else rows[rank]
 
-    def payload(rank):
+    for r in ranks:
+        for var, v, sel in zip(variables, values, rows_of(r)):
+            shape = _array(v).shape
+            _check_static(var, shape if sel is None else (selection_length(sel),) + shape[1:], argname)
+    if any(rt.remote(r) for r in ranks):
+        rt.publish([v for v in values if isinstance(v, Data)])  # a round trip of its own: first
+
+    def payload(rank, tokens):
         if not rt.remote(rank):
             return [(i, t, s) for i, t, s in zip(ids, tokens, rows_of(rank))]
         # Another host: Data from its own copy, arrays inline (only this rank's rows).
         return [(i, v._ref(), s) if isinstance(v, Data) else (i, take_rows(v, s), None)
                 for i, v, s in zip(ids, values, rows_of(rank))]
 
-    for r in ranks:
-        for var, v, sel in zip(variables, values, rows_of(r)):
-            shape = _array(v).shape
-            _check_static(var, shape if sel is None else (selection_length(sel),) + shape[1:], argname)
-    payloads = {r: payload(r) for r in ranks if r != m}
-    for i in ids:
-        rt.shapes.pop(i, None)
-
     def local():
         for var, v, sel in zip(variables, values, rows_of(m)):
             rt.device.set_value(var, take_rows(_array(v), sel))
 
-    rt.request(Command.SET_SHAREDS, payloads, ranks=sorted(payloads), local=local if m in ranks else None)
+    for i in ids:
+        rt.shapes.pop(i, None)
+    here = [r for r in ranks if r != m and not rt.remote(r)]
+    try:
+        tokens = _tokens(rt, values) if here else None
+        payloads = {r: payload(r, tokens) for r in ranks if r != m}
+        rt.request(Command.SET_SHAREDS, payloads, ranks=sorted(payloads), local=local if m in ranks else None)
+    finally:
+        rt.exchange.release()  # the round trip is over: every rank has read its values
 
 
 def _use_nccl(rt, nccl):
@@ -218,11 +235,13 @@ def _equal_shapes(variables, shapes, what):
             raise ValueError("cannot %s %s: its shapes differ between ranks: %s" % (what, var, per_rank))
 
 
-def _device_collective(rt, op, ids, args):
+def _device_collective(rt, op, ids, args, reduce_op=None):
     """Queue device collective ``op`` on every rank; returns the master's result.
-    Workers' replies are read later (``Runtime.post``)."""
+    Workers' replies are read later (``Runtime.post``).  Whatever the device
+    cannot do (a dtype, ``reduce_op`` on it) is refused before any rank starts:
+    once the workers have the command, the master's failure closes the session."""
     variables = [rt.shareds[i] for i in ids]
-    rt.device.check_collective(variables)
+    rt.device.check_collective(variables, reduce_op)
     local = getattr(rt.device, "nccl_" + op)
     return rt.post(Command.NCCL, (op, ids, args), local=lambda: local(variables, *args))
 
@@ -248,12 +267,13 @@ def broadcast(shared_vars, values=None, nccl=True):
     """
     rt = _runtime.require(distributed=True)
     use_nccl = _use_nccl(rt, nccl)
-    variables, ids, _ = _targets(rt, shared_vars)
+    variables, ids, single = _targets(rt, shared_vars)
     if use_nccl:
         if values is not None:
-            values = _values_for(values, variables)
+            values = _values_for(values, variables, single)
             for var, v in zip(variables, values):
                 _check_static(var, _array(v).shape)
+            rt.device.check_collective(variables)  # before the master's values change
             for var, v in zip(variables, values):
                 rt.device.set_value(var, _array(v))
         shapes = [rt.device.shape(v) for v in variables]
@@ -265,7 +285,7 @@ def broadcast(shared_vars, values=None, nccl=True):
         values = [rt.device.get_value(v) for v in variables]
         ranks = rt.worker_ranks
     else:
-        values = _values_for(values, variables)
+        values = _values_for(values, variables, single)
         ranks = None
     _set_all(rt, variables, ids, values, ranks=ranks)
 
@@ -284,8 +304,8 @@ def scatter(shared_vars, values, batch=None):
         Scatter only these rows of each value.
     """
     rt = _runtime.require(distributed=True)
-    variables, ids, _ = _targets(rt, shared_vars)
-    values = _values_for(values, variables)
+    variables, ids, single = _targets(rt, shared_vars)
+    values = _values_for(values, variables, single)
     rows = [[] for _ in range(rt.n_parallel)]
     for v, var in zip(values, variables):
         arr = _array(v)
@@ -359,12 +379,14 @@ def all_gather(shared_vars, nccl=True):
     variables, ids, _ = _targets(rt, shared_vars)
     if use_nccl:
         table = _shape_table(rt, variables, ids)
+        joined = []
         for var, per_rank in zip(variables, table):
             _check_concatenable(var, per_rank)
+            joined.append((sum(s[0] for s in per_rank),) + per_rank[0][1:])
+            _check_static(var, joined[-1], "all_gather")  # before the ranks start: see _device_collective
         _device_collective(rt, "all_gather", ids, (table,))
-        for i, per_rank in zip(ids, table):
-            joined = (sum(s[0] for s in per_rank),) + per_rank[0][1:]
-            rt.shapes[i] = [joined] * rt.n_parallel
+        for i, shape in zip(ids, joined):
+            rt.shapes[i] = [shape] * rt.n_parallel
         return
     arrays = _gather_arrays(rt, ids)
     joined = [_join([arrays[r][k] for r in range(rt.n_parallel)], 0, var) for k, var in enumerate(variables)]
@@ -407,7 +429,7 @@ def reduce(shared_vars, op="avg", in_place=True, nccl=True):
         check_op(op, allow_none=False)
         variables, ids, single = _targets(rt, shared_vars)
         shapes = _uniform_shapes(rt, variables, ids)
-        results = _device_collective(rt, "reduce", ids, (op, rt.master_rank, in_place, shapes))
+        results = _device_collective(rt, "reduce", ids, (op, rt.master_rank, in_place, shapes), op)
         return None if in_place else _result(results, single)
     variables, _, single, results = _reduced(rt, shared_vars, op)
     if not in_place:
@@ -425,7 +447,7 @@ def all_reduce(shared_vars, op="avg", nccl=True):
     if _use_nccl(rt, nccl):
         check_op(op, allow_none=False)
         variables, ids, _ = _targets(rt, shared_vars)
-        _device_collective(rt, "all_reduce", ids, (op, _uniform_shapes(rt, variables, ids)))
+        _device_collective(rt, "all_reduce", ids, (op, _uniform_shapes(rt, variables, ids)), op)
         return
     variables, ids, _, results = _reduced(rt, shared_vars, op)
     _set_all(rt, variables, ids, results)
@@ -445,13 +467,15 @@ def set_value(rank, shared_vars, values, batch=None):
     """
     rt = _runtime.require(distributed=True)
     rank = _check_rank(rt, rank)
-    variables, ids, _ = _targets(rt, shared_vars)
-    values = _values_for(values, variables)
+    variables, ids, single = _targets(rt, shared_vars)
+    values = _values_for(values, variables, single)
     rows = None
     if batch is not None:
         sels = []
         for v, var in zip(values, variables):
             arr = _array(v)
+            if arr.ndim == 0:
+                raise TypeError("batch=%s selects rows, but the value for %s is 0-d" % (brief(batch), var))
             sel = normalize_batch(batch, len(arr))
             check_selection_fits(sel, len(arr), "the value for %s" % (var,))
             sels.append(sel)

@@ -1,6 +1,7 @@
 """``synk.Data``: numpy arrays in POSIX shared memory that every rank can read."""
 
 import numbers
+import sys
 
 import numpy as np
 
@@ -76,7 +77,8 @@ class Data:
         self._array = None
         self._ref_cache = None
         # Counts the chances the user had to change the values (every hand-out of a
-        # writable view): hosts other than the master's take a new copy when it moved.
+        # writable view): hosts other than the master's take a new copy when it moved,
+        # or while a view handed out earlier is alive (``_exposed``).
         self._version = 0
         self._published = None  # (segment name, _version) that the other hosts hold
 
@@ -139,6 +141,7 @@ class Data:
         return self._require_array()[k]
 
     def __setitem__(self, k, v):
+        self._rt.check_owner()  # the memory is the session's: a forked child must not change it
         self._version += 1
         self._require_array()[k] = v
 
@@ -154,9 +157,15 @@ class Data:
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
+    def __reduce__(self):
+        raise TypeError(
+            "%r cannot be pickled: it is a handle on its session's shared memory, which only the "
+            "process that called synkhronos.fork() drives. Send its values instead (d.data is a "
+            "numpy array)" % self)
+
     def __repr__(self):
         return "<synkhronos.Data %s dtype=%s shape=%s%s>" % (
-            repr(self._name) if self._name else "#%d" % self._ID, self.dtype, self.shape,
+            self._label(), self.dtype, self.shape,
             " minibatch" if self._minibatch else "")
 
     # -------------------------------------------------------------------- values
@@ -179,7 +188,7 @@ class Data:
             If the dimensions differ, or the dtype would lose information and
             ``force_cast`` is False.
         """
-        return self._condition(input_data, force_cast, "input_data")
+        return self._condition(input_data, force_cast, "Data.condition_data(input_data)")
 
     def _condition(self, input_data, force_cast, argname):
         force_cast = _check_flag(force_cast, "force_cast")
@@ -190,18 +199,22 @@ class Data:
             rule = "safe" if isinstance(input_data, np.ndarray) else "same_kind"
             if arr.dtype.kind not in "biufc" or not (force_cast or np.can_cast(arr.dtype, self._dtype, rule)):
                 raise TypeError(
-                    "%s: cannot store %s data in Data of dtype %s without loss; pass "
-                    "force_cast=True to convert anyway" % (argname, arr.dtype, self.dtype)
+                    "%s: cannot store %s data in Data %s of dtype %s without loss; pass "
+                    "force_cast=True to convert anyway" % (argname, arr.dtype, self._label(), self.dtype)
                 )
             try:
                 arr = arr.astype(self._dtype)
             except (TypeError, ValueError) as exc:
-                raise TypeError("%s of dtype %s does not convert to %s: %s"
-                                % (argname, arr.dtype, self.dtype, exc)) from None
+                raise TypeError("%s of dtype %s does not convert to the dtype %s of Data %s: %s"
+                                % (argname, arr.dtype, self.dtype, self._label(), exc)) from None
         if arr.ndim != self._ndim:
-            raise TypeError("%s: Data has ndim=%d, got a value with ndim=%d (shape %s)"
-                            % (argname, self._ndim, arr.ndim, arr.shape))
+            raise TypeError("%s: Data %s has ndim=%d, got a value with ndim=%d (shape %s)"
+                            % (argname, self._label(), self._ndim, arr.ndim, arr.shape))
         return arr
+
+    def _label(self):
+        """How messages name this object: its name, or its number in the session."""
+        return repr(self._name) if self._name else "#%d" % self._ID
 
     @_runtime.action("Data.set_value()")
     def set_value(self, input_data, force_cast=False, oversize=1):
@@ -223,7 +236,7 @@ class Data:
         ValueError
             If ``oversize`` is outside [1, 2].
         """
-        self._set_value(input_data, force_cast, oversize, "input_data")
+        self._set_value(input_data, force_cast, oversize, "Data.set_value(input_data)")
 
     def _set_value(self, input_data, force_cast, oversize, argname):
         oversize = _check_oversize(oversize)
@@ -261,6 +274,7 @@ class Data:
     def free_memory(self):
         """Release the shared memory in the master and the workers; the next
         ``set_value`` allocates anew (the only way to shrink an allocation)."""
+        self._rt.check_owner()
         if self._seg is None:
             return
         name = self._seg.name
@@ -270,6 +284,7 @@ class Data:
 
     # ------------------------------------------------------------------ internal
     def _reshape(self, shape, oversize, keep):
+        self._rt.check_owner()
         items = int(np.prod(shape, dtype=np.int64))
         old = self._array
         if self._seg is None or items > self.alloc_size:
@@ -304,6 +319,15 @@ class Data:
             self._seg.close()
             self._seg = None
 
+    def _exposed(self):
+        """Whether a view of the memory lives outside this object: one handed out
+        before the last call may have been written through since, so the other
+        hosts' copy cannot be trusted (CPython's reference counts tell)."""
+        arr = self._array
+        # arr: this object's reference, the local name, the argument; its base (the
+        # mapped buffer) is referenced by arr and by the argument alone.
+        return sys.getrefcount(arr) > 3 or sys.getrefcount(arr.base) > 2
+
     def _ref(self):
         """Array ref to the current array, for the workers."""
         if self._ref_cache is None:
@@ -312,7 +336,7 @@ class Data:
 
     def __del__(self):
         try:
-            if self._seg is not None and not self._rt.closed:
+            if self._seg is not None and not self._rt.closed and not self._rt.foreign:
                 name = self._seg.name
                 self._release()
                 self._rt.forget_segment(name)
@@ -359,6 +383,13 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
     TypeError
         If dtype and ndim cannot be determined, or ``value`` does not match them.
     """
+    return make_data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, name,
+                     "synkhronos.data(value)")
+
+
+def make_data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, name, argname):
+    """``data()``, whose errors about ``value`` name it ``argname``
+    (``Function.build_inputs`` names the input it is for)."""
     rt = _runtime.require()
     minibatch = _check_flag(minibatch, "minibatch")
     force_cast = _check_flag(force_cast, "force_cast")
@@ -377,9 +408,9 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
         name = var.name if name is None else name
     dtype_of_value = value is not None and dtype is None  # then a bad dtype is the value's fault
     if value is not None:
-        arr = value.data if isinstance(value, Data) else _as_array(value, "value")
+        arr = value.data if isinstance(value, Data) else _as_array(value, argname)
         if arr is None:
-            raise ValueError("value is a Data object with no memory: %r" % (value,))
+            raise ValueError("%s is a Data object with no memory: %r" % (argname, value))
         dtype = arr.dtype if dtype is None else dtype
         ndim = arr.ndim if ndim is None else ndim
     if ndim is None and shape is not None:
@@ -395,7 +426,7 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
         dtype = np.dtype(dtype)
     except (TypeError, ValueError):
         raise TypeError("dtype %r is not a numpy dtype" % (dtype,)) from None
-    _check_dtype(dtype, "value" if dtype_of_value else "dtype")
+    _check_dtype(dtype, argname if dtype_of_value else "dtype")
     if isinstance(ndim, bool) or not isinstance(ndim, numbers.Integral) or ndim < 0:
         raise TypeError("ndim must be a non-negative int, got %r" % (ndim,))
     _check_oversize(oversize)
@@ -404,7 +435,7 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
     d = Data(ID, dtype, ndim, minibatch=minibatch, name=name)
     rt.datas[ID] = d
     if value is not None:
-        d._set_value(value, force_cast, oversize, "value")
+        d._set_value(value, force_cast, oversize, argname)
     elif shape is not None:
         d.set_shape(shape, oversize=oversize)
     return d

@@ -1,10 +1,16 @@
 """Moving arrays between ranks: small ones inline on the command channel, large
 ones through each rank's own growable shared-memory buffer.
 
-A rank that sends arrays writes them into its buffer and passes array refs
-(``_shmem.array_ref``); the receiver reads them in place.  A buffer is only rewritten by its
-owner's next send, which under the master's lock-step protocol (every action is
-one round trip) happens after the receiver has finished reading.
+A rank that sends arrays lays them out in its buffer, all of one message at once
+(``send``), and passes array refs (``_shmem.array_ref``); the receiver reads them in
+place.  Every layout starts at offset 0 and may move the buffer to a larger segment,
+so a second layout would overwrite the first, or unlink the segment its refs name,
+before the receiver has read it.  ``send`` therefore refuses a second layout until
+the owner has ``release``d the first: the master once the round trip that carried
+it is over, a worker when the master's next command arrives.  The refusal does not
+depend on the arrays' sizes, so any code path that would lay out twice fails in
+every test that takes it, not only in those whose arrays are large enough to
+leave the command channel.
 
 An array sent inline travels as ``(dtype str, shape, bytes)``: pickling that takes
 about 1 us, where numpy's own pickling of a 0-d float32 array and back took 9 us,
@@ -15,10 +21,11 @@ import numpy as np
 
 from ._shmem import Segment, array_ref, segment_name
 
-__all__ = ["ExchangeBuffer", "INLINE_BYTES", "receive"]
+__all__ = ["ExchangeBuffer", "INLINE_BYTES", "MIN_SEGMENT", "receive"]
 
 # Below this size pickling through the socket beats a shared-memory round trip.
 INLINE_BYTES = 1 << 16
+MIN_SEGMENT = 1 << 20  # the smallest exchange segment (it doubles as payloads grow)
 _ALIGN = 64
 
 
@@ -46,6 +53,7 @@ class ExchangeBuffer:
         self._slot = "r%d" % rank
         self._gen = 0
         self._seg = None
+        self._unread = False  # a layout was sent and its receivers may still read it
 
     def _reserve(self, nbytes):
         if self._seg is not None and self._seg.nbytes >= nbytes:
@@ -53,7 +61,7 @@ class ExchangeBuffer:
         old = self._seg
         self._gen += 1
         # Grow geometrically so that a slowly growing payload reallocates rarely.
-        size = max(nbytes, 2 * (old.nbytes if old else 0), 1 << 20)
+        size = max(nbytes, 2 * (old.nbytes if old else 0), MIN_SEGMENT)
         self._seg = Segment(segment_name(self._token, self._slot, self._gen), size)
         if old is not None:
             old.unlink()
@@ -61,8 +69,20 @@ class ExchangeBuffer:
         return self._seg
 
     def send(self, arrays, inline_bytes=INLINE_BYTES):
-        """Package ``arrays`` (a list) for another rank: small ones go inline,
-        large ones are copied into this buffer and replaced by array refs."""
+        """Package ``arrays`` (a list: everything one message carries) for other
+        ranks: small ones go inline, large ones are copied into this buffer and
+        replaced by array refs.
+
+        Raises
+        ------
+        RuntimeError
+            If the previous layout has not been ``release``d (see the module
+            docstring): a program error in Synkhronos, never the user's.
+        """
+        if self._unread:
+            raise RuntimeError("Synkhronos internal error: a second exchange layout for one message "
+                               "would overwrite the first; pack every array of a message in one send")
+        self._unread = True
         arrays = [np.asarray(a) for a in arrays]
         if self.inline:
             return [_inline(a) for a in arrays]
@@ -79,6 +99,11 @@ class ExchangeBuffer:
             tokens[i] = array_ref(seg.name, offset, a.dtype, a.shape)
             offset += _aligned(a.nbytes)
         return tokens
+
+    def release(self):
+        """The receivers of the last layout are done with it: the next ``send``
+        may overwrite it."""
+        self._unread = False
 
     def close(self):
         if self._seg is not None:

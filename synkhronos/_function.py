@@ -2,13 +2,14 @@
 
 import logging
 import numbers
+import os
 import time
 
 import numpy as np
 
 from . import _log, _runtime
 from ._core import FunctionCore, compile_function, is_jax_mode
-from ._data import Data, data
+from ._data import Data, make_data
 from ._exchange import receive
 from ._plan import (
     brief,
@@ -312,8 +313,9 @@ class Function:
                 raise ValueError("minibatch list needs %d entries, got %d" % (len(ordered), len(minibatch)))
         else:
             minibatch = [minibatch] * len(ordered)
-        datas = tuple(data(value=v, var=var, minibatch=mb, force_cast=force_cast, oversize=oversize)
-                      for v, var, mb in zip(ordered, self._inputs, minibatch))
+        datas = tuple(make_data(v, var, None, None, None, mb, force_cast, oversize, None,
+                                "Function.build_inputs: input %d (%s)" % (i, var))
+                      for i, (v, var, mb) in enumerate(zip(ordered, self._inputs, minibatch)))
         return datas[0] if len(datas) == 1 else datas
 
     def as_theano(self, *args, **kwargs):
@@ -327,6 +329,13 @@ class Function:
         return results[0] if self._single else results
 
     as_pytensor = as_theano
+
+    def __reduce__(self):
+        # A handle on a function of this session: unpickled in the process that runs
+        # it (a deep copy, say), the function itself; anywhere else, a stand-in whose
+        # calls say why they cannot run there (see _ForeignFunction).
+        rt = self._rt
+        return _function_handle, (rt.token, self._core.ID, self._what, rt.owner)
 
     # ---------------------------------------------------------------------- call
     def _check_subset(self, output_subset):
@@ -529,6 +538,42 @@ class Function:
             mode = self._core.output_modes[i]
             if mode is None:
                 results.append([np.array(v) for v in values])
-            else:
-                results.append(reduce_values(values, mode, weights))
+                continue
+            shapes = [np.shape(v) for v in values]
+            if len(set(shapes)) > 1:
+                raise ValueError("output %d of %s has shapes %s on ranks %s: an output reduced with %r "
+                                 "needs one shape on every rank (reduce mode None returns each rank's "
+                                 "value)" % (i, self._what, shapes, ranks, mode))
+            results.append(reduce_values(values, mode, weights))
         return results
+
+
+def _function_handle(token, index, what, owner):
+    """A pickled ``Function`` unpickled: the live function if this process holds
+    its session, else a ``_ForeignFunction``."""
+    rt = _runtime.current()
+    if rt is not None and rt.token == token:
+        return rt.functions[index]
+    return _ForeignFunction(what, owner)
+
+
+class _ForeignFunction:
+    """What a Synkhronos function becomes in another process (a pickled copy in a
+    spawned child, say): calling it raises RuntimeError naming the rule that only
+    the process that called ``fork()`` may call its session's functions."""
+
+    def __init__(self, what, owner):
+        self._what = what
+        self._owner = owner
+
+    def __repr__(self):
+        return "<%s of the Synkhronos session of pid %d>" % (self._what, self._owner)
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(
+            "%s belongs to the Synkhronos session of pid %d; this process (pid %d) has no part in it: "
+            "only the process that called synkhronos.fork() may call its functions and collectives. "
+            "Call it there, or compile a plain PyTensor function for this process."
+            % (self._what, self._owner, os.getpid()))
+
+    as_theano = as_pytensor = __call__

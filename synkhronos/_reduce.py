@@ -3,12 +3,14 @@
 ``avg`` is weighted: each contribution carries the number of rows it was computed
 from, so averaging per-rank (or per-slice) means of uneven parts gives exactly the
 mean over all rows, as one process would compute it.  Collectives average the
-ranks' values with equal weights.
+ranks' values with equal weights: the sum in the values' dtype divided by the
+number of ranks, integers truncated toward zero exactly (``truncated_divide``),
+as NCCL's and MPI's sum-then-divide give it.
 """
 
 import numpy as np
 
-__all__ = ["REDUCE_OPS", "check_op", "identity", "Accumulator", "reduce_values"]
+__all__ = ["REDUCE_OPS", "check_op", "identity", "Accumulator", "reduce_values", "truncated_divide"]
 
 REDUCE_OPS = ("avg", "sum", "prod", "max", "min", None)
 
@@ -57,10 +59,21 @@ class Accumulator:
         self._items = []
 
     def add(self, value, weight=1):
+        """Combine ``value``.
+
+        Raises
+        ------
+        ValueError
+            If its shape is not the shape of the values before it: numpy would
+            broadcast a length-1 axis against the others without a word.
+        """
         if self.op is None:
             self._items.append(value)
             return
         value = np.asarray(value)
+        if self._acc is not None and value.shape != self._acc.shape:
+            raise ValueError("cannot %s values of shapes %s and %s: values reduced together must have one "
+                             "shape" % (self.op, self._acc.shape, value.shape))
         if self.op == "avg":
             term = value * weight if weight != 1 else value.copy()
             self._acc = term if self._acc is None else np.add(self._acc, term, out=_writable(self._acc, term))
@@ -89,17 +102,26 @@ class Accumulator:
 
 
 def _writable(acc, value):
-    # Accumulate in place when the shapes and dtypes allow it.
+    # Accumulate in place when the dtypes allow it (``add`` has checked the shapes).
     if not acc.ndim or not acc.flags.writeable:
-        return None
-    shape = np.shape(value)
-    if shape != acc.shape and acc.shape != np.broadcast_shapes(acc.shape, shape):
         return None
     return acc if np.result_type(acc, value) == acc.dtype else None
 
 
+def truncated_divide(total, n):
+    """``total / n`` for an integer array and a positive int, rounded toward
+    zero, exactly (through float64, a 64-bit integer above 2**53 loses bits)."""
+    total = np.asarray(total)
+    quotient = total // n  # floor: one below the truncated quotient where a negative total leaves a rest
+    return np.asarray(quotient + ((total % n != 0) & (total < 0)), dtype=total.dtype)
+
+
 def reduce_values(values, op, weights=None):
-    """Reduce a list of arrays under ``op`` (``weights`` only matter for avg)."""
+    """Reduce a list of arrays under ``op`` (``weights`` only matter for avg).
+    Unweighted ``avg`` of integers is their sum divided by their number,
+    truncated (see the module docstring)."""
+    if op == "avg" and weights is None and np.asarray(values[0]).dtype.kind in "iu":
+        return truncated_divide(reduce_values(values, "sum"), len(values))
     if len(values) == 1 and op is not None:
         # One rank: its value is the result (weighting and dividing back could round).
         value = np.array(values[0])

@@ -2,12 +2,22 @@
 ``close()``, that owns the workers (started and stopped by ``_workers``), the
 command channels, the shared memory and the registry of functions, shared
 variables and Data objects.
+
+Only the process that called ``fork()`` (the owner) may drive the session.  A
+child it forks (``os.fork``, ``multiprocessing``'s fork, PyMC's chains) inherits
+a copy of the runtime marked ``foreign``: every call that would talk to the
+workers or change shared memory raises ``RuntimeError`` naming that rule, and
+nothing the child does, its exit included, reaches the owner's workers or
+segments.  ``close()`` in the child only lets go of its copy (``fork()`` may
+then start a session of the child's own).
 """
 
 import atexit
 import contextlib
 import functools
 import logging
+import multiprocessing
+import os
 import shutil
 import signal
 import subprocess
@@ -47,7 +57,12 @@ def require(distributed=None):
     """
     rt = _runtime
     if rt is None:
-        raise RuntimeError("Synkhronos is not forked: call synkhronos.fork() first")
+        hint = ""
+        if multiprocessing.parent_process() is not None:
+            hint = (" (this is a child process, pid %d: a session belongs to the process that called "
+                    "fork(), and its functions and collectives run only there)" % os.getpid())
+        raise RuntimeError("Synkhronos is not forked: call synkhronos.fork() first" + hint)
+    rt.check_owner()
     if distributed is True and not rt.distributed:
         raise RuntimeError("Synkhronos functions are not distributed: call synkhronos.distribute() first")
     if distributed is False and rt.distributed:
@@ -100,6 +115,16 @@ def shutdown():
 
 
 atexit.register(shutdown)
+
+
+def _after_fork_in_child():
+    """In a child that ``os.fork()`` made: the inherited session is not this
+    process's to drive (see the module docstring)."""
+    if _runtime is not None:
+        _runtime.foreign = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
@@ -165,6 +190,8 @@ class Runtime:
         self.next_data_id = 0
         self.distributed = False
         self.closed = False
+        self.owner = os.getpid()  # the process that drives the session
+        self.foreign = False  # True in a child forked from the owner (see the module docstring)
         # Per-rank shapes of shared variables, by ID, as far as the master knows them
         # (for device collectives, which need every rank's sizes before they start).
         self.shapes = {}
@@ -282,8 +309,22 @@ class Runtime:
                 self._stall()
 
     def _check_open(self):
+        self.check_owner()
         if self.closed:
             raise RuntimeError("Synkhronos is closed: call synkhronos.fork() to start again")
+
+    def check_owner(self):
+        """Raise RuntimeError in a process other than the session's owner (see
+        the module docstring), naming the rule."""
+        if not self.foreign:
+            return
+        raise RuntimeError(
+            "this process (pid %d) was forked from pid %d, which runs the Synkhronos session: only the "
+            "process that called synkhronos.fork() may call its functions and collectives or change its "
+            "Data. The session goes on in pid %d. Here, call plain PyTensor functions "
+            "(Function.as_pytensor() runs one in this process), or call synkhronos.close() to leave "
+            "the session and synkhronos.fork() to start one of this process's own."
+            % (os.getpid(), self.owner, self.owner))
 
     def _settle(self):
         """Read every owed reply; then raise the failure of the lowest rank, if any."""
@@ -467,12 +508,14 @@ class Runtime:
     def publish(self, datas):
         """Bring the other hosts' copies of ``datas`` (Data objects) up to date:
         those whose memory or values may have changed since they last travelled
-        go to every other host's leader rank over MPI (see ``_mpi``)."""
+        (a writable view handed out since, or still alive) go to every other
+        host's leader rank over MPI (see ``_mpi``)."""
         if self.cluster is None:
             return
         leaders = self.cluster.remote_leaders()
         for d in datas:
-            if not leaders or d._seg is None or d._published == (d._seg.name, d._version):
+            if not leaders or d._seg is None or (d._published == (d._seg.name, d._version)
+                                                 and not d._exposed()):
                 continue
             used = d._array.reshape(-1).view("u1")
             self.request(Command.HOST_DATA, (d._seg.name, d._seg.nbytes, used.size), ranks=leaders,
@@ -518,6 +561,8 @@ class Runtime:
         if self.closed:
             return
         self.closed = True
+        if self.foreign:  # the workers, channels and segments are the owner's: let go of them only
+            return
         t0 = time.monotonic()
         with _sigint_deferred():
             _workers.stop(self.workers, failed, self.cluster)

@@ -34,6 +34,7 @@ __all__ = [
 _SHM_DIR = "/dev/shm"
 _PREFIX = "synk_"
 _MODE = 0o600  # read and write for the owner only
+_MAX_VIEWS = 512  # views a SegmentCache keeps for reuse (a training loop needs a handful)
 
 
 def new_token():
@@ -155,6 +156,8 @@ class SegmentCache:
         """A numpy view of the array that ``ref`` (from ``array_ref``) points to."""
         v = self._views.get(ref)
         if v is None:
+            if len(self._views) >= _MAX_VIEWS:  # shapes that change call after call
+                self._views.clear()
             name, offset, dtype, shape = ref
             v = self._views[ref] = self.segment(name).array(dtype, shape, offset)
         return v

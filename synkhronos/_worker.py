@@ -243,6 +243,7 @@ def _serve(channel, state, faults):
             cmd, payload, drops = channel.recv()
         except (EOFError, OSError):
             return None
+        state.exchange.release()  # the master has read our last reply (see _exchange)
         for name in drops:
             state.drop(name)
         if cmd == Command.EXIT:

@@ -11,6 +11,7 @@ must not start MPI.
 
 import numpy as np
 
+from .._reduce import truncated_divide
 from .cpu import CpuDevice
 
 __all__ = ["MpiCpuDevice"]
@@ -43,6 +44,15 @@ def _mpi_type(dtype):
         raise TypeError("MPI has no data type for %s" % dt)
     _TYPES[dtype] = mpi_type
     return mpi_type
+
+
+def _average(total, n, dtype):
+    """A sum over ``n`` ranks divided by ``n`` in ``dtype``: integers truncated
+    exactly (``truncated_divide``), booleans (an "or") as they are."""
+    kind = np.dtype(dtype).kind
+    if kind in "iu":  # (a widened sum wraps around into dtype first)
+        return truncated_divide(total.astype(dtype, copy=False), n)
+    return total if kind == "b" else np.asarray(total / n).astype(dtype)
 
 
 class MpiCpuDevice(CpuDevice):
@@ -110,14 +120,16 @@ class MpiCpuDevice(CpuDevice):
         """Nothing is left running: every collective waits before it returns."""
 
     # ------------------------------------------------------------ collectives
-    @staticmethod
-    def check_collective(variables):
-        """Check, before any rank starts, that MPI can move every variable.
+    @classmethod
+    def check_collective(cls, variables, op=None):
+        """Check, before any rank starts, that MPI can move every variable (and
+        reduce it under ``op``, for reductions).
 
         Raises
         ------
         TypeError
-            Naming the first variable whose dtype MPI has no datatype for.
+            Naming the first variable whose dtype MPI has no datatype (or no
+            ``op``) for.
         """
         for var in variables:
             dtype = getattr(var, "dtype", None)
@@ -125,6 +137,8 @@ class MpiCpuDevice(CpuDevice):
                 raise TypeError("%s is not an array variable; MPI cannot move it" % (var,))
             try:
                 _mpi_type(dtype)
+                if op is not None:
+                    cls._op(op, dtype)
             except TypeError as exc:
                 raise TypeError("%s has dtype %s: %s" % (var, dtype, exc)) from None
 
@@ -177,7 +191,12 @@ class MpiCpuDevice(CpuDevice):
         problems, requests, outputs = [], [], []
         for var, shape, mpi_op in zip(variables, shapes, ops):
             x, real = self._input(var, shape, problems)
-            dt = _mpi_type(var.dtype)
+            if op in ("sum", "avg") and x.dtype.kind in "iu" and x.dtype.itemsize < 4:
+                # Open MPI's vectorized sums of 8- and 16-bit integers saturate (its
+                # scalar loop, for short arrays, wraps around): add 64-bit copies, so
+                # that the result wraps as numpy's and NCCL's do, whatever the length.
+                x = x.astype(np.int64 if x.dtype.kind == "i" else np.uint64)
+            dt = _mpi_type(x.dtype)
             out = np.empty_like(x) if root in (None, self.rank) else None
             if root is None:
                 requests.append(self._comm.Iallreduce([x, dt], [out, dt], op=mpi_op))
@@ -186,11 +205,12 @@ class MpiCpuDevice(CpuDevice):
                 requests.append(self._comm.Ireduce([x, dt], spec, op=mpi_op, root=root))
             outputs.append((var, x, out, real))  # x stays alive until the wait
         self._wait(requests)
-        if op == "avg" and root in (None, self.rank):
-            # The sum divided by n, cast back (integers truncated), as
-            # ``reduce_values`` and the shared-memory path give it.
-            outputs = [(var, x, np.asarray(out / self.n_parallel).astype(var.dtype), real)
-                       for var, x, out, real in outputs]
+        if root in (None, self.rank):
+            # avg: the sum divided by n, cast back (integers truncated), as
+            # ``reduce_values`` and the shared-memory path give it; a widened sum
+            # wraps around into the variable's dtype.
+            outputs = [(var, x, _average(out, self.n_parallel, var.dtype) if op == "avg" else
+                        out.astype(var.dtype, copy=False), real) for var, x, out, real in outputs]
         return [(var, out, real) for var, _, out, real in outputs], problems
 
     def nccl_all_reduce(self, variables, op, shapes):

@@ -533,8 +533,9 @@ class GpuDevice:
                 time.sleep(20e-6)
 
     @staticmethod
-    def check_collective(variables):
-        """Raise TypeError, before any rank starts, for a dtype NCCL cannot move."""
+    def check_collective(variables, op=None):
+        """Raise TypeError, before any rank starts, for a dtype NCCL cannot move
+        (NCCL reduces every dtype it moves under every ``op``)."""
         from cupy.cuda import nccl
 
         for var in variables:

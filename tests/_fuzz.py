@@ -916,7 +916,7 @@ class Fuzzer:
                         Raises(ValueError, "minibatch", "2 entries, got 3"))
         return Case("Function.build_inputs", "ragged value",
                     lambda: fa.build_inputs([[1.0], [1.0, 2.0]], np.zeros(3, F32)),
-                    Raises(TypeError, "value", "inhomogeneous"))
+                    Raises(TypeError, "build_inputs: input 0 (x)", "inhomogeneous"))
 
     # --------------------------------------------------------------- the draw
     def distributed_case(self):

@@ -65,6 +65,13 @@ keep("after_setitem", f(xd, yd)[:3], f_pt(x2, y_np))
 xd.data[5:10] = 1
 x2[5:10] = 1
 keep("after_inplace", f(xd, yd)[:3], f_pt(x2, y_np))
+# A view taken before a call and written after it: the other hosts see the new values too.
+view = xd.data[10:]
+keep("old_view_before", f(xd, yd)[:3], f_pt(x2, y_np))
+view[:] = 3
+x2[10:] = 3
+keep("old_view_after", f(xd, yd)[:3], f_pt(x2, y_np))
+del view
 
 # Memory released and allocated again (the other hosts drop their copies and take new ones),
 # and a Data that is garbage-collected.

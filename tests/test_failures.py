@@ -732,7 +732,18 @@ DATA_CASES = [
     ("value vs ndim", lambda e: synk.data(np.zeros(3, dtype=F32), ndim=2), TypeError,
      "ndim=2, got a value with ndim=1"),
     ("set_value float64", lambda e: synk.data(np.zeros(3, dtype=F32)).set_value(np.zeros(3)), TypeError,
-     "cannot store float64 data in Data of dtype float32 without loss.*force_cast"),
+     r"Data\.set_value\(input_data\): cannot store float64 data in Data #\d+ of dtype float32 without "
+     "loss.*force_cast"),
+    # Every dtype error names the argument and the Data it is about.
+    ("set_value int64 into named", lambda e: synk.data(np.zeros(3, "int32"), name="g").set_value(
+        np.arange(3, dtype="int64")), TypeError,
+     r"Data\.set_value\(input_data\): cannot store int64 data in Data 'g' of dtype int32"),
+    ("data int64 as int32", lambda e: synk.data(np.arange(3, dtype="int64"), dtype="int32", name="g"),
+     TypeError, r"synkhronos\.data\(value\): cannot store int64 data in Data 'g' of dtype int32"),
+    ("condition_data", lambda e: synk.data(np.zeros(3, "int32")).condition_data(np.zeros(3)), TypeError,
+     r"Data\.condition_data\(input_data\): cannot store float64 data in Data #\d+ of dtype int32"),
+    ("build_inputs complex64 for float32", lambda e: e.h.build_inputs(np.zeros(4, "complex64")), TypeError,
+     r"Function\.build_inputs: input 0 \(x\): cannot store complex64 data in Data 'x' of dtype float32"),
     ("set_value ndim", lambda e: synk.data(np.zeros(3, dtype=F32)).set_value(np.zeros((2, 2), dtype=F32)),
      TypeError, "ndim=1, got a value with ndim=2"),
     ("set_value oversize", lambda e: synk.data(np.zeros(3, F32)).set_value(np.zeros(3, F32), oversize=5),
@@ -797,14 +808,18 @@ COLLECTIVE_CASES = [
     ("reduce in_place='no'", lambda e: synk.reduce(e.s, in_place="no"), TypeError,
      "in_place must be True or False, got 'no'"),
     ("set_value 2-d value", lambda e: synk.set_value(0, e.s, np.zeros((2, 3), F32)), TypeError,
-     r"value of ndim 2 does not fit s \(ndim 1\)"),
+     r"values: value of ndim 2 does not fit shared variable s \(ndim 1\)"),
     ("set_value float64 value", lambda e: synk.set_value(0, e.s, np.zeros(6)), TypeError, "float64"),
     ("set_value batch=10", lambda e: synk.set_value(1, e.s, np.zeros(6, F32), batch=10), ValueError,
      "needs 10 rows"),
     ("scatter batch='a'", lambda e: synk.scatter(e.s, np.zeros(6, F32), batch="a"), TypeError,
      "batch must be .*got str: 'a'"),
     ("scatter 2-d Data", lambda e: synk.scatter(e.s, e.dm), TypeError,
-     "Data of dtype float32, ndim 2 does not fit s"),
+     r"values: <synkhronos.Data #\d+ dtype=float32 shape=\(4, 2\)> \(dtype float32, ndim 2\) does not fit "
+     r"shared variable s \(dtype float32, ndim 1\)"),
+    # With several values, the one that is wrong is named by its place.
+    ("scatter second value int64", lambda e: synk.scatter([e.s, e.u], [np.zeros(6, F32), np.arange(6)]),
+     TypeError, r"values\[1\]: .* does not fit shared variable u \(dtype float32\)"),
     ("broadcast empty Data", lambda e: synk.broadcast(e.s, e.empty), ValueError, "holds no memory"),
 ]
 

@@ -20,6 +20,7 @@ known value.  Run as a script for long runs (``python tests/_machine.py
 
 import argparse
 import collections
+import os
 import time
 import warnings
 
@@ -593,7 +594,10 @@ def machine_for(session):
 
 def run(session, examples, steps, derandomize, shrink=True):
     """Run ``examples`` sequences of up to ``steps`` steps against ``session``;
-    a failing sequence is shrunk to a minimal one unless ``shrink`` is False."""
+    a failing sequence is shrunk to a minimal one unless ``shrink`` is False
+    (or ``SYNKHRONOS_MODEL_SHRINK=0``: on a GPU, where new shapes compile anew,
+    shrinking can take longer than the run)."""
+    shrink = shrink and os.environ.get("SYNKHRONOS_MODEL_SHRINK", "1") != "0"
     machine = machine_for(session)
     phases = [p for p in Phase if shrink or p not in (Phase.shrink, Phase.explain)]
     machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None,

@@ -31,11 +31,11 @@ class Env:
         self.g = pytensor.shared(np.zeros(1, "int32"), name="g")
         self.y = pytensor.shared(np.zeros(1, self.fd), name="y")
         self.i64 = pytensor.shared(np.zeros(2, "int32" if use_gpu else "int64"), name="i64")
-        self.i16 = pytensor.shared(np.zeros(70, "int16"), name="i16")
+        self.i8 = pytensor.shared(np.zeros(70, "int8"), name="i8")
         self.c = pytensor.shared(np.zeros(2, "complex64"), name="c")
         self.st = pytensor.shared(np.zeros(3, self.fd), shape=(3,), name="st")
         self.sh = pytensor.shared(np.zeros((4, 3), self.fd), name="sh")
-        held = [self.X, self.g, self.y, self.i64, self.i16, self.c, self.st]
+        held = [self.X, self.g, self.y, self.i64, self.i8, self.c, self.st]
         synk.function([], [(pt.as_tensor(v).size, "sum") for v in held])
         self.fs = synk.function([], (self.sh.sum(axis=0), "sum"), sliceable_shareds=[self.sh])
         synk.distribute()
@@ -80,15 +80,15 @@ def int64_average_is_exact(e):
 
 
 def small_integer_sums_wrap(e):
-    """Sums of int16 wrap around as numpy's do, at every length: Open MPI's
+    """Sums of int8 wrap around as numpy's do, at every length: Open MPI's
     vectorized sum of 8- and 16-bit integers saturates instead (from some length
-    up), so the MPI path gave 32767 where numpy and NCCL give a wrapped value."""
-    value = np.full(70, 30000, dtype="int16")
+    up), so the MPI path gave 127 where numpy and NCCL give a wrapped value."""
+    value = np.full(70, 100, dtype="int8")
     for nccl in (True, False):
-        synk.broadcast(e.i16, value)
-        synk.all_reduce(e.i16, op="sum", nccl=nccl)
-        want = (value.astype(np.int64) * e.n).astype("int16")
-        np.testing.assert_array_equal(synk.get_value(0, e.i16), want)
+        synk.broadcast(e.i8, value, nccl=False)
+        synk.all_reduce(e.i8, op="sum", nccl=nccl)
+        want = (value.astype(np.int64) * e.n).astype("int8")
+        np.testing.assert_array_equal(synk.get_value(0, e.i8), want)
 
 
 def refused_collectives_leave_the_session_open(e):
@@ -140,9 +140,23 @@ def outputs_of_different_shapes_are_refused(e):
     np.testing.assert_array_equal(e.fs(), np.full(3, 4.0 * e.n, e.fd))
 
 
-CHECKS = [three_large_values_in_one_call, int64_average_is_exact, small_integer_sums_wrap,
-          refused_collectives_leave_the_session_open, other_dtype_with_batch_fits_static_shape,
-          outputs_of_different_shapes_are_refused]
+def averages_keep_every_element(e):
+    """On a GPU rank alone, NCCL's one-rank average (before NCCL 2.29.7) left the
+    last elements of the result unwritten (NVIDIA/nccl#1950): an ``avg`` of equal
+    values must give those values, at every length."""
+    rng = np.random.default_rng(3)
+    for rows in (1, 5, 33, 1000, 5189, 22599):
+        value = rng.integers(-100, 100, (rows, 3)).astype(e.fd)  # sums and halves stay exact
+        for call in (lambda: synk.all_reduce(e.sh, op="avg", nccl=True),
+                     lambda: synk.reduce(e.sh, op="avg", in_place=True, nccl=True)):
+            synk.broadcast(e.sh, value)
+            call()
+            np.testing.assert_array_equal(synk.get_value(0, e.sh), value, "avg of %d rows" % rows)
+
+
+CHECKS = [three_large_values_in_one_call, averages_keep_every_element, int64_average_is_exact,
+          small_integer_sums_wrap, refused_collectives_leave_the_session_open,
+          other_dtype_with_batch_fits_static_shape, outputs_of_different_shapes_are_refused]
 
 
 def _split(length, parts):

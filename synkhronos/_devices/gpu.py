@@ -551,11 +551,18 @@ class GpuDevice:
         and later; CuPy may not name it): the sum scaled by 1/n inside the
         collective's kernel, with integer division for integers (truncated,
         as the shared-memory path truncates).  A separate scaling kernel took
-        82 us at 64 MB on an H200, a third as long as the all-reduce itself."""
+        82 us at 64 MB on an H200, a third as long as the all-reduce itself.
+
+        A communicator of one rank sums instead (the average of one value is
+        that value): NCCL before 2.29.7 runs one-rank averages through a kernel
+        that leaves the last elements of the result unwritten (NVIDIA/nccl#1950;
+        seen with CuPy's NCCL 2.28.9 on an H100, in 7 of 40 float32 all-reduces
+        of random lengths), and sums of one rank are a plain copy."""
         if self._ops is None:
             from cupy.cuda import nccl
 
-            self._ops = {"avg": getattr(nccl, "NCCL_AVG", 4), "sum": nccl.NCCL_SUM,
+            avg = getattr(nccl, "NCCL_AVG", 4) if self.n_parallel != 1 else nccl.NCCL_SUM
+            self._ops = {"avg": avg, "sum": nccl.NCCL_SUM,
                          "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
         return self._ops[op]
 

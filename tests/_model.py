@@ -207,8 +207,7 @@ class Reference:
             values, problems = self._values(ks, given)
         self._check_parts(ks, lambda j: None if values[j] is None else [values[j]], problems)
         self._refuse(problems)
-        ranks = range(self.n)
-        self._apply(ks, lambda j: [values[j]] * self.n, ranks)
+        self._apply(ks, lambda j: [values[j]] * self.n, range(self.n))
 
     def scatter(self, ks, given, batch):
         values, problems = self._values(ks, given)

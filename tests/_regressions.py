@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from _model import split
 
 import synkhronos as synk
 from synkhronos._exchange import INLINE_BYTES, MIN_SEGMENT
@@ -53,7 +54,7 @@ def three_large_values_in_one_call(e):
     assert min(a.nbytes for a in (X, g, y)) >= INLINE_BYTES and X.nbytes + g.nbytes + y.nbytes > MIN_SEGMENT
     variables = [e.X, e.g, e.y]
     synk.scatter(variables, [X, g, y])
-    for r, (a, b) in enumerate(_split(ROWS, e.n)):
+    for r, (a, b) in enumerate(split(ROWS, e.n)):
         for var, want in zip(variables, (X[a:b], g[a:b], y[a:b])):
             np.testing.assert_array_equal(synk.get_value(r, var), want, "scatter %s rank %d" % (var, r))
     synk.broadcast(variables, [X * 2, g + 1, y * 2])
@@ -157,15 +158,6 @@ def averages_keep_every_element(e):
 CHECKS = [three_large_values_in_one_call, averages_keep_every_element, int64_average_is_exact,
           small_integer_sums_wrap, refused_collectives_leave_the_session_open,
           other_dtype_with_batch_fits_static_shape, outputs_of_different_shapes_are_refused]
-
-
-def _split(length, parts):
-    q, r = divmod(length, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        bounds.append((start, start + q + (i < r)))
-        start = bounds[-1][1]
-    return bounds
 
 
 def main():

@@ -570,6 +570,9 @@ class _ForeignFunction:
         return "<%s of the Synkhronos session of pid %d>" % (self._what, self._owner)
 
     def __call__(self, *args, **kwargs):
+        if self._owner == os.getpid():  # pickled before its session closed
+            raise RuntimeError("%s belongs to a closed Synkhronos session; build functions again after "
+                               "fork()" % self._what)
         raise RuntimeError(
             "%s belongs to the Synkhronos session of pid %d; this process (pid %d) has no part in it: "
             "only the process that called synkhronos.fork() may call its functions and collectives. "

@@ -58,6 +58,18 @@ def test_an_exception_raised_in_a_child_reaches_the_parent_intact(make):
     assert type(exc) is type(make()) and str(exc) == str(make())
 
 
+def test_a_function_pickled_before_its_session_closed_says_so():
+    """(Placed before the module's session starts: it forks one of its own.)"""
+    synk.fork(1, use_gpu=False)
+    x = pt.vector("x")
+    f = synk.function([x], (x.sum(), "sum"), name="old")
+    synk.distribute()
+    blob = pickle.dumps(f)
+    synk.close()
+    with pytest.raises(RuntimeError, match="function 'old' belongs to a closed Synkhronos session"):
+        pickle.loads(blob)(None)
+
+
 # ------------------------------------------------------------------ a session
 @pytest.fixture(scope="module")
 def session():
@@ -164,3 +176,4 @@ def test_functions_pickle_as_handles_and_data_refuses_with_the_rule(session):
     assert pickle.loads(pickle.dumps(f)) is f and copy.deepcopy(f) is f  # in its own process: itself
     with pytest.raises(TypeError, match="cannot be pickled.*" + RULE.replace("(", r"\(").replace(")", r"\)")):
         pickle.dumps(d)
+

@@ -72,8 +72,8 @@ class StallError(WorkerError):
     """
 
     def __init__(self, ranks, commands, timeout, stacks, waited):
-        self.waited = {r: waited[r] for r in sorted(ranks)}
         self.ranks = sorted(ranks)
+        self.waited = {r: waited[r] for r in self.ranks}
         self.commands = {r: commands[r] for r in self.ranks}
         self.command = self.commands[self.ranks[0]]
         self.timeout = timeout

@@ -142,3 +142,33 @@ def test_object_arrays_travel_as_they_are():
     (got,) = receive(buf.send([value]), cache=None)
     assert got is value or list(got) == list(value)
     buf.close()
+
+
+def test_a_segment_cache_keeps_a_bounded_number_of_views_and_each_stays_right():
+    """Shapes that change call after call make a new view each: past the cap the
+    cache starts again, and every view still reads the memory it names."""
+    token = _shmem.new_token()
+    seg = _shmem.Segment(_shmem.segment_name(token, "r1", 1), 1 << 16)
+    try:
+        seg.array("int32", (1 << 14,))[...] = np.arange(1 << 14, dtype="int32")
+        cache = _shmem.SegmentCache()
+        for n in range(1, 2 * _shmem._MAX_VIEWS):
+            view = cache.view(_shmem.array_ref(seg.name, 4 * n, "int32", (n,)))
+            np.testing.assert_array_equal(view, np.arange(n, 2 * n))
+            assert len(cache._views) <= _shmem._MAX_VIEWS
+        cache.clear()
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+def test_a_second_layout_before_the_first_is_read_is_refused_at_any_size():
+    buf = ExchangeBuffer(_shmem.new_token(), 0)
+    try:
+        buf.send([np.zeros(2)])  # inline, far below the shared-memory threshold
+        with pytest.raises(RuntimeError, match="second exchange layout"):
+            buf.send([np.zeros(2)])
+        buf.release()
+        buf.send([np.zeros(1 << 15)])  # 256 KiB: through shared memory
+    finally:
+        buf.close()

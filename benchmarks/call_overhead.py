@@ -125,7 +125,7 @@ def _time_calls(fn, n, sleep_before=0.0):
 # ------------------------------------------------------------------- floors
 def _echo_server(conn, names, spin):
     if names:
-        from synkhronos._channel import ShmChannel
+        from synkhronos._channel import ShmChannel  # private on purpose: the floor is the library's channel
 
         conn = ShmChannel(conn, spin, names, master=False)
     while True:
@@ -139,6 +139,7 @@ def pipe_floor(calls, repeats, transport="socket"):
     """Median round trip of a small pickled message to another process and back:
     over a socket pair (``Connection``, blocking reads), or through Synkhronos's
     shared-memory channel (``"shm"``, as its workers wait: polling, then sleeping)."""
+    # Private modules on purpose: this floor measures the library's own shared-memory channel.
     from synkhronos._channel import ShmChannel, shm_channel_names
     from synkhronos._protocol import spin_seconds
     from synkhronos._shmem import new_token
@@ -488,9 +489,9 @@ def _parse(argv=None):
     if set(args.parts) - set("abcp"):
         p.error("--parts takes letters from 'abcp'")
     if args.gpu:
-        from synkhronos._devices.gpu import visible_gpus
+        import synkhronos as synk
 
-        gpus = len(visible_gpus())
+        gpus = len(synk.gpus())
         if ranks_given and max(args.ranks) > gpus:
             p.error("--ranks %s: only %d GPUs are visible" % (",".join(map(str, args.ranks)), gpus))
         args.ranks = [r for r in args.ranks if r <= gpus]  # the defaults, as far as there are GPUs
@@ -533,9 +534,9 @@ def main(argv=None):
     pytensor.config.floatX = "float32"
     info = machine_info()
     if args.gpu:
-        from synkhronos._devices.gpu import visible_gpus
+        import synkhronos as synk
 
-        info["gpus"] = len(visible_gpus())
+        info["gpus"] = len(synk.gpus())
         info["gpu_name"] = gpu_name()
     print_machine(info)
     cores = info["usable_cores"]

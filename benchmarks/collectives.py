@@ -274,9 +274,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.sizes_mb, args.iters, args.repeats = "1,64", 5, 1
-    from synkhronos._devices.gpu import visible_gpus
+    import synkhronos as synk
 
-    gpus = visible_gpus()
+    gpus = synk.gpus()
     n = args.n or len(gpus)
     if n < 2:
         raise SystemExit("collectives.py needs at least 2 GPUs, found %d" % len(gpus))

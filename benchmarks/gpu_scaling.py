@@ -22,6 +22,10 @@ import time
 import numpy as np
 from _common import default_out, gpu_name, machine_info, median, print_machine, table, write_results
 
+# JAX's matmul precision for the plain-JAX baseline, per --precision: mirrors what
+# synk.fork(precision=...) sets on GPU ranks (bf16 rounds in the graph, so JAX stays at highest).
+JAX_MATMUL_PRECISION = {"highest": "highest", "tf32": "tensorfloat32", "bf16": "highest"}
+
 
 def _model(pt, pytensor, sizes, rng):
     params = []
@@ -54,9 +58,7 @@ def child(args):
     else:
         import jax
 
-        from synkhronos._devices.gpu import PRECISIONS
-
-        jax.config.update("jax_default_matmul_precision", PRECISIONS[args.precision])
+        jax.config.update("jax_default_matmul_precision", JAX_MATMUL_PRECISION[args.precision])
     pytensor.config.floatX = "float32"
     rng = np.random.default_rng(0)
     sizes = [int(s) for s in args.layers.split(",")]
@@ -138,9 +140,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.child_n is not None:
         return child(args)
-    from synkhronos._devices.gpu import visible_gpus
+    import synkhronos as synk
 
-    gpus = len(visible_gpus())
+    gpus = len(synk.gpus())
     max_n = min(args.max_n or gpus, gpus)
     counts = [c for c in (1, 2, 4, 8) if c <= max_n]
     info = machine_info()

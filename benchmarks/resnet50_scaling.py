@@ -242,9 +242,9 @@ def main(argv=None):
         fn = synk_child if kind == "synk" else ddp_child
         print("RESULT " + json.dumps(fn(args, int(n))), flush=True)
         return None
-    from synkhronos._devices.gpu import visible_gpus
+    import synkhronos as synk
 
-    available = len(visible_gpus())
+    available = len(synk.gpus())
     if available < 1:
         raise SystemExit("resnet50_scaling.py needs a GPU")
     ns = [int(g) for g in args.gpus.split(",")] if args.gpus else [g for g in (1, 2, 4, 8) if g <= available]

@@ -24,6 +24,7 @@ Run ``python benchmarks/soak.py --quick`` for a smoke run.  Results go to
 """
 
 import argparse
+import glob
 import os
 import sys
 import time
@@ -35,6 +36,8 @@ from _common import default_out, gpu_name, machine_info, print_machine, table, w
 
 ROWS, COLS, OUT = 4096, 16, 8
 BATCH_SIZES = (64, 256)  # a few shapes only: JAX traces once per shape
+PRECISION = "highest"  # what the benchmark passes to fork() (GPU ranks; CPU workers compute in float32)
+MASTER_RANK = 0  # likewise
 
 
 def _rss_mb(pid):
@@ -43,6 +46,64 @@ def _rss_mb(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024.0
     return float("nan")
+
+
+def _children(pid):
+    """PIDs of the live child processes of ``pid``, oldest first (Linux /proc):
+    from ``/proc/<pid>/task/*/children`` where the kernel has it, else by
+    scanning every ``/proc/<n>/stat`` for that parent."""
+    paths = glob.glob("/proc/%d/task/*/children" % pid)
+    kids = set()
+    if paths:
+        for path in paths:
+            with open(path) as fh:
+                kids.update(int(k) for k in fh.read().split())
+    else:
+        for path in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                with open(path) as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
+            except (OSError, IndexError):
+                continue  # ended meanwhile
+            if int(fields[1]) == pid:  # field 4, ppid
+                kids.add(int(path.split("/")[2]))
+    started = {}
+    for k in kids:
+        try:
+            with open("/proc/%d/stat" % k) as fh:
+                started[k] = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        except (OSError, IndexError):
+            pass  # ended meanwhile
+    return sorted(started, key=lambda k: (started[k], k))
+
+
+def _rank_pids(n, master_rank):
+    """Rank -> pid for every rank of this host's session.  ``fork()`` starts the
+    workers as child processes of the master, running this Python, one per rank
+    other than the master's, in rank order; they are found among this process's
+    children.  Where that fails (no /proc, an MPI launch, other children), only
+    the master is watched, and the reason is printed."""
+    pids = {master_rank: os.getpid()}
+    if not os.path.isdir("/proc"):
+        print("note: no /proc on this system: the workers' memory is not watched, only the master's")
+        return pids
+    workers = []
+    for k in _children(os.getpid()):
+        try:
+            with open("/proc/%d/cmdline" % k, "rb") as fh:
+                argv0 = fh.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if os.path.realpath(argv0) == os.path.realpath(sys.executable):
+            workers.append(k)
+    ranks = [r for r in range(n) if r != master_rank]
+    if len(workers) != len(ranks):
+        print("note: found %d Python child processes of the master (pids %s), expected %d workers: "
+              "the workers' memory is not watched, only the master's"
+              % (len(workers), ", ".join(map(str, workers)) or "none", len(ranks)))
+        return pids
+    pids.update(zip(ranks, workers))
+    return pids
 
 
 def _check(got, want, what):
@@ -58,7 +119,8 @@ class _Session:
         import synkhronos as synk
 
         self.synk = synk
-        self.n = synk.fork(args.ranks, use_gpu=True if args.gpu else False)
+        self.n = synk.fork(args.ranks, use_gpu=True if args.gpu else False, master_rank=MASTER_RANK,
+                           precision=PRECISION)
         rng = np.random.default_rng(0)
         x = pt.matrix("x", dtype="float32")
         self.w_val = rng.standard_normal((COLS, OUT)).astype("float32")
@@ -73,9 +135,7 @@ class _Session:
         self.data = synk.data(self.x_val)
         self.rng = rng
         self.steps = 0
-        rt = synk._runtime.current()
-        self.pids = {rt.master_rank: os.getpid()}
-        self.pids.update({r: w.process.pid for r, w in rt.workers.items()})
+        self.pids = _rank_pids(self.n, MASTER_RANK)
 
     def rss(self):
         return {r: _rss_mb(pid) for r, pid in sorted(self.pids.items())}
@@ -147,10 +207,10 @@ def main(argv=None):
     print_machine(info)
     session = _Session(args)
     synk = session.synk
-    device = synk._runtime.current().device
-    precision = getattr(device, "precision", "n/a") if args.gpu else "float32 (CPU)"
+    device = synk.device_kind()
+    precision = PRECISION if device == "gpu" else "float32 (CPU)"
     print("%d %s ranks; %d calls, %d collectives; precision %s"
-          % (session.n, device.name.upper(), args.calls, args.collectives, precision))
+          % (session.n, device.upper(), args.calls, args.collectives, precision))
 
     warmup = max(1, args.calls // 50)
     marks = set(np.linspace(warmup, args.calls, 11).astype(int))
@@ -177,7 +237,7 @@ def main(argv=None):
     rows = []
     for r in sorted(first["rss_mb"]):
         a, b = first["rss_mb"][r], last["rss_mb"][r]
-        rows.append([r, "master" if r == 0 else "worker", "%.1f" % a, "%.1f" % b, "%+.1f" % (b - a),
+        rows.append([r, "master" if r == MASTER_RANK else "worker", "%.1f" % a, "%.1f" % b, "%+.1f" % (b - a),
                      "%+.1f" % (b - max(s["rss_mb"][r] for s in samples[:-1]))])
     print(table(["rank", "", "RSS MB at %d calls" % first["calls"], "at %d calls" % last["calls"],
                  "growth MB", "end - earlier max"], rows))
@@ -185,7 +245,7 @@ def main(argv=None):
           "all equal to numpy" % (args.calls, counts["update"], coll_done, elapsed, args.calls / elapsed,
                                   counts["checked"] + cycle))
     write_results(args.out, {"benchmark": "soak", "machine": info, "args": vars(args), "ranks": session.n,
-                             "device": device.name, "precision": precision,
+                             "device": device, "precision": precision,
                              "calls": args.calls, "collectives": coll_done, "seconds": elapsed,
                              "checked_calls": counts["checked"], "checked_collective_cycles": cycle,
                              "samples": samples})

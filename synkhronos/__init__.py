@@ -11,7 +11,7 @@ Build graphs with PyTensor as usual, call ``synkhronos.function`` instead of
 """
 
 from . import _log
-from ._api import close, distribute, fork, synchronize
+from ._api import close, device_kind, distribute, fork, gpus, mpi_launched, n_parallel, synchronize
 from ._collectives import (
     all_gather,
     all_reduce,
@@ -37,6 +37,10 @@ __all__ = [
     "distribute",
     "close",
     "synchronize",
+    "n_parallel",
+    "device_kind",
+    "gpus",
+    "mpi_launched",
     "function",
     "Function",
     "data",

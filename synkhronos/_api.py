@@ -1,14 +1,20 @@
-"""Starting and stopping Synkhronos: ``fork``, ``distribute``, ``close``."""
+"""Starting and stopping Synkhronos: ``fork``, ``distribute``, ``close``, and
+the order things end at exit: the session closes first (its workers leave their
+loops), then, under an MPI launch, ranks still waiting for a session are
+released and MPI is finalized (not after a failure: a dead rank would never
+join MPI's finalize)."""
 
+import atexit
 import logging
 import math
 import numbers
 import time
 
 from . import _mpi, _runtime
-from ._protocol import Command
+from ._devices import select_device
+from ._protocol import Sync
 
-__all__ = ["fork", "distribute", "close", "synchronize"]
+__all__ = ["fork", "distribute", "close", "synchronize", "n_parallel", "device_kind", "gpus", "mpi_launched"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,19 +132,10 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     """
     if _runtime.current() is not None:
         raise RuntimeError("Synkhronos is already forked: call synkhronos.close() before forking again")
-    if use_gpu is not None and not isinstance(use_gpu, bool):
-        raise TypeError("use_gpu must be None, True or False, got %r" % (use_gpu,))
-    if not isinstance(profile_workers, bool):
-        raise TypeError("profile_workers must be True or False, got %r" % (profile_workers,))
-    _check_int(max_n_var, "max_n_var", 1)
-    _check_int(max_dim, "max_dim", 1)
-    timeout = _check_timeout(timeout)
-    if not isinstance(precision, str) or precision not in _PRECISIONS:
-        raise ValueError("precision must be 'highest' (full float32), 'tf32' or 'bf16', got %r"
-                         % (precision,))
+    timeout = _check_fork_args(use_gpu, profile_workers, max_n_var, max_dim, precision, timeout)
     if _mpi.launched():
         return _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout)
-    device = _runtime.default_device(use_gpu, precision)
+    device = select_device(use_gpu, precision)
     available = device.available()
     n = available if n_parallel is None else _check_int(n_parallel, "n_parallel", 1)
     master_rank = _check_int(master_rank, "master_rank", 0)
@@ -159,6 +156,21 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     return n
 
 
+def _check_fork_args(use_gpu, profile_workers, max_n_var, max_dim, precision, timeout):
+    """Raise TypeError or ValueError for a malformed ``fork`` argument; returns
+    the timeout as a float or None."""
+    if use_gpu is not None and not isinstance(use_gpu, bool):
+        raise TypeError("use_gpu must be None, True or False, got %r" % (use_gpu,))
+    if not isinstance(profile_workers, bool):
+        raise TypeError("profile_workers must be True or False, got %r" % (profile_workers,))
+    _check_int(max_n_var, "max_n_var", 1)
+    _check_int(max_dim, "max_dim", 1)
+    if not isinstance(precision, str) or precision not in _PRECISIONS:
+        raise ValueError("precision must be 'highest' (full float32), 'tf32' or 'bf16', got %r"
+                         % (precision,))
+    return _check_timeout(timeout)
+
+
 def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout):
     """``fork()`` in a process of an MPI launch (see ``synkhronos._mpi``): rank 0
     becomes the master; every other rank serves it and ends its process."""
@@ -168,6 +180,9 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
 
         mpi_main(cluster)  # never returns
     _mpi.check_unused()
+    if not _launch_end["registered"]:
+        atexit.register(_end_mpi_launch, cluster)
+        _launch_end["registered"] = True
     n = cluster.world.Get_size()
     if n_parallel is not None:
         if _check_int(n_parallel, "n_parallel", 1) > n:
@@ -177,13 +192,7 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
     if _check_int(master_rank, "master_rank", 0) != 0:
         raise ValueError("master_rank must be 0 under an MPI launch (the master is MPI rank 0), got %d"
                          % master_rank)
-    device = _runtime.default_device(use_gpu, precision)
-    if device.name == "cpu":  # collectives by MPI
-        from ._devices.cpu_mpi import MpiCpuDevice
-
-        device = MpiCpuDevice(lambda: cluster.comm, precision)
-    else:
-        device.one_node = cluster.one_node(n)
+    device = select_device(use_gpu, precision, cluster, n)
     hosts = cluster.hosts_of_first(n)
     logger.info("Synkhronos attempting to use %d MPI ranks on %d host%s (%s)...", n, hosts,
                 "s" if hosts > 1 else "", device.label)
@@ -191,7 +200,7 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
     _default_float32()
     device.configure_jax()
     _mpi.start_session()
-    _runtime.start(n, 0, device, bool(profile_workers), timeout, cluster)
+    _launch_end["session"] = _runtime.start(n, 0, device, bool(profile_workers), timeout, cluster)
     logger.info("Synkhronos: %d %s initialized on %d host%s, master rank: 0%s", n,
                 "CPU workers" if device.name == "cpu" else "GPUs", hosts, "s" if hosts > 1 else "",
                 ", " + device.status if device.status else "")
@@ -246,4 +255,68 @@ def synchronize():
         If a worker failed, now or in a collective queued earlier.
     """
     rt = _runtime.require()
-    rt.request(Command.SYNC, local=lambda: rt.device.synchronize(rt.shareds))
+    rt.dispatcher.request(Sync(), local=lambda: rt.device.synchronize(rt.registry.shareds))
+
+
+def n_parallel():
+    """Number of ranks of the live session (the master is one of them).
+
+    Raises
+    ------
+    RuntimeError
+        If not forked.
+    """
+    return _runtime.require().n_parallel
+
+
+def device_kind():
+    """What the ranks of the live session run on: ``"gpu"`` or ``"cpu"``.
+
+    Raises
+    ------
+    RuntimeError
+        If not forked.
+    """
+    return _runtime.require().device.name
+
+
+def gpus():
+    """The GPUs of the live session, one identifier (as ``CUDA_VISIBLE_DEVICES``
+    names it) per rank in rank order, or ``[]`` for CPU workers.  Before
+    ``fork()``: the GPUs ``fork()`` would use (those visible, when JAX and CuPy
+    are installed), so a script can choose ``n_parallel`` from their number.
+    Under an MPI launch, this host's."""
+    from ._devices import visible_gpus
+
+    rt = _runtime.current()
+    if rt is None or rt.foreign:
+        return visible_gpus()
+    if rt.device.name != "gpu":
+        return []
+    return list(rt.device.gpu_ids[:rt.n_parallel]) if rt.cluster is None else visible_gpus()
+
+
+def mpi_launched():
+    """Whether this process is one rank of several that an MPI launcher started
+    (``mpirun``, ``srun``, ...; ``SYNKHRONOS_MPI=0`` says no).  Then every rank
+    runs the script and only rank 0 returns from ``fork()`` (see "Several
+    machines" in the docs)."""
+    return _mpi.launched()
+
+
+# The MPI launch this process is rank 0 of: whether its end is registered, and its session.
+_launch_end = {"registered": False, "session": None}
+
+
+def _end_mpi_launch(cluster):
+    """At the master's exit under MPI: close the session, release ranks still
+    waiting for one, and finalize MPI with them, unless the session failed."""
+    _runtime.shutdown()  # workers leave their loops before the master's finalize, which waits for them
+    session = _launch_end["session"]
+    if session is None:
+        _mpi.refuse_workers(cluster)
+    if session is None or not session.failed:
+        _mpi.finalize()
+
+
+atexit.register(_runtime.shutdown)  # runs after _end_mpi_launch, registered later

@@ -21,8 +21,8 @@ import numbers
 import numpy as np
 
 from . import _runtime
-from ._data import Data, _check_flag
-from ._exchange import receive
+from ._dtypes import check_flag as _check_flag
+from ._fits import array_of, check_static, targets, values_for
 from ._plan import (
     brief,
     check_selection_fits,
@@ -30,10 +30,17 @@ from ._plan import (
     selection_length,
     split_bounds,
     sub_selection,
-    take_rows,
 )
-from ._protocol import Command
 from ._reduce import check_op, reduce_values
+from ._transfer import (
+    all_shapes,
+    device_collective,
+    equal_shapes,
+    gather_arrays,
+    set_all,
+    shape_table,
+    uniform_shapes,
+)
 
 __all__ = [
     "broadcast",
@@ -49,91 +56,6 @@ __all__ = [
 ]
 
 
-def _targets(rt, shared_vars):
-    """(variables, ids, single) for a ``shared_vars`` argument."""
-    from pytensor.compile.sharedvalue import SharedVariable
-
-    single = isinstance(shared_vars, SharedVariable)
-    variables = [shared_vars] if single else shared_vars
-    if not isinstance(variables, (list, tuple)) or not variables or \
-            not all(isinstance(v, SharedVariable) for v in variables):
-        raise TypeError("shared_vars must be a shared variable or a non-empty list of them, got %r"
-                        % (shared_vars,))
-    ids = []
-    for v in variables:
-        i = rt.shared_id(v)
-        if i is None:
-            raise ValueError("shared variable %r is not used in any Synkhronos function, so the "
-                             "workers do not have it" % (v,))
-        ids.append(i)
-    return list(variables), ids, single
-
-
-def _values_for(values, variables, single, argname="values"):
-    """One value per variable, as numpy arrays or Data of the variable's type.
-
-    For a list of variables (``single`` False) ``values`` is a list or tuple with
-    one value for each.  For one variable it is that variable's value; a list
-    holding one Data or array of the variable's ndim is taken as a list of one
-    value (``set_value(0, s, [v])``)."""
-    if single:
-        first = values[0] if isinstance(values, (list, tuple)) and len(values) == 1 else None
-        ndim = variables[0].ndim
-        listed = isinstance(first, Data) or (isinstance(first, np.ndarray) and first.ndim == ndim)
-        values = [first] if listed else [values]
-    if not isinstance(values, (list, tuple)) or len(values) != len(variables):
-        raise ValueError("%s must give one value for each of the %d shared variables, got %r"
-                         % (argname, len(variables), values))
-    out = []
-    for k, (v, var) in enumerate(zip(values, variables)):
-        where = argname if len(values) == 1 else "%s[%d]" % (argname, k)  # which value is wrong
-        if isinstance(v, Data):
-            if v.dtype != var.dtype or v.ndim != var.ndim:
-                raise TypeError("%s: %r (dtype %s, ndim %d) does not fit shared variable %s (dtype %s, "
-                                "ndim %d)" % (where, v, v.dtype, v.ndim, var, var.dtype, var.ndim))
-            if v._array is None:
-                raise ValueError("%s: Data %r holds no memory" % (where, v))
-            out.append(v)
-            continue
-        try:
-            arr = np.asarray(v)
-            if arr.dtype != var.dtype:
-                # PyTensor's own casting rules; a static shape is checked on the rows
-                # each rank gets (``_check_static``), whatever the dtype given.
-                arr = np.asarray(var.type.clone(shape=(None,) * var.ndim).filter(v))
-        except (TypeError, ValueError) as exc:
-            raise TypeError("%s: %s does not fit shared variable %s (dtype %s): %s"
-                            % (where, brief(v), var, var.dtype, exc)) from None
-        if arr.ndim != var.ndim:
-            raise TypeError("%s: value of ndim %d does not fit shared variable %s (ndim %d)"
-                            % (where, arr.ndim, var, var.ndim))
-        out.append(arr)
-    return out
-
-
-def _check_static(var, shape, argname="values"):
-    """Raise TypeError (before any rank changes) if a value of ``shape`` does not
-    fit the static shape of ``var``'s type (``pytensor.shared(..., shape=...)``)."""
-    static = getattr(var.type, "shape", None) or ()
-    if any(d is not None and d != n for d, n in zip(static, shape)):
-        raise TypeError("%s: a value of shape %s does not fit %s, whose shape is fixed to %s"
-                        % (argname, tuple(shape), var, tuple("?" if d is None else d for d in static)))
-
-
-def _tokens(rt, values):
-    """How workers on this host find each of ``values``: a Data by its segment,
-    the arrays through the master's exchange buffer, all laid out in one send
-    (see ``_exchange``).  The caller releases the buffer once the command's
-    round trip is over."""
-    arrays = [v for v in values if not isinstance(v, Data)]
-    packed = iter(rt.exchange.send(arrays))
-    return [v._ref() if isinstance(v, Data) else next(packed) for v in values]
-
-
-def _array(value):
-    return value._array if isinstance(value, Data) else value
-
-
 def _check_rank(rt, rank):
     if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
         raise TypeError("rank must be an int, got %r" % (rank,))
@@ -146,111 +68,10 @@ def _result(items, single):
     return items[0] if single else tuple(items)
 
 
-def _gather_arrays(rt, ids, ranks=None):
-    """Values of shared variables ``ids`` from ``ranks`` (default all), as
-    {rank: [arrays]}; worker arrays are views valid until their next send."""
-    dev = rt.device
-    m = rt.master_rank
-    ranks = list(range(rt.n_parallel)) if ranks is None else ranks
-    workers = [r for r in ranks if r != m]
-    local = (lambda: [dev.get_value(rt.shareds[i]) for i in ids]) if m in ranks else None
-    mine, replies = rt.request(Command.SEND_SHAREDS, ids, ranks=workers, local=local)
-    out = {r: receive(tokens, rt.cache) for r, tokens in replies.items()}
-    if m in ranks:
-        out[m] = mine
-    return out
-
-
-def _set_all(rt, variables, ids, values, rows=None, ranks=None, argname="values"):
-    """Set shared variables on ``ranks`` (default all) to ``values``, taking
-    ``rows[rank][k]`` (a selection or None) of value k on each rank.  Values that
-    do not fit a variable's static shape raise TypeError naming ``argname``."""
-    m = rt.master_rank
-    ranks = list(range(rt.n_parallel)) if ranks is None else ranks
-
-    def rows_of(rank):
-        return [None] * len(ids) if rows is None else rows[rank]
-
-    for r in ranks:
-        for var, v, sel in zip(variables, values, rows_of(r)):
-            shape = _array(v).shape
-            _check_static(var, shape if sel is None else (selection_length(sel),) + shape[1:], argname)
-    if any(rt.remote(r) for r in ranks):
-        rt.publish([v for v in values if isinstance(v, Data)])  # a round trip of its own: first
-
-    def payload(rank, tokens):
-        if not rt.remote(rank):
-            return [(i, t, s) for i, t, s in zip(ids, tokens, rows_of(rank))]
-        # Another host: Data from its own copy, arrays inline (only this rank's rows).
-        return [(i, v._ref(), s) if isinstance(v, Data) else (i, take_rows(v, s), None)
-                for i, v, s in zip(ids, values, rows_of(rank))]
-
-    def local():
-        for var, v, sel in zip(variables, values, rows_of(m)):
-            rt.device.set_value(var, take_rows(_array(v), sel))
-
-    for i in ids:
-        rt.shapes.pop(i, None)
-    here = [r for r in ranks if r != m and not rt.remote(r)]
-    try:
-        tokens = _tokens(rt, values) if here else None
-        payloads = {r: payload(r, tokens) for r in ranks if r != m}
-        rt.request(Command.SET_SHAREDS, payloads, ranks=sorted(payloads), local=local if m in ranks else None)
-    finally:
-        rt.exchange.release()  # the round trip is over: every rank has read its values
-
-
 def _use_nccl(rt, nccl):
+    """Whether to run the device's own collective (``nccl=True`` and it has one)."""
     _check_flag(nccl, "nccl")
-    return nccl and rt.device.nccl
-
-
-def _all_shapes(rt, ids):
-    """Shapes of shared variables ``ids`` on every rank: ``[var][rank]`` (and
-    recorded for device collectives)."""
-    dev = rt.device
-    mine, replies = rt.request(Command.GET_SHAPES, ids,
-                               local=lambda: [dev.shape(rt.shareds[i]) for i in ids])
-    replies[rt.master_rank] = mine
-    table = [[tuple(replies[r][k]) for r in range(rt.n_parallel)] for k in range(len(ids))]
-    for i, per_rank in zip(ids, table):
-        rt.shapes[i] = per_rank
-    return table
-
-
-def _shape_table(rt, variables, ids):
-    """``[var][rank]`` shapes for a device collective: as recorded, unless unknown
-    or the master's own value has changed shape since; then asked of every rank."""
-    m = rt.master_rank
-    unknown = [i for var, i in zip(variables, ids)
-               if i not in rt.shapes or rt.shapes[i][m] != rt.device.shape(var)]
-    if unknown:
-        _all_shapes(rt, unknown)
-    return [rt.shapes[i] for i in ids]
-
-
-def _equal_shapes(variables, shapes, what):
-    for var, per_rank in zip(variables, shapes):
-        if len(set(per_rank)) > 1:
-            raise ValueError("cannot %s %s: its shapes differ between ranks: %s" % (what, var, per_rank))
-
-
-def _device_collective(rt, op, ids, args, reduce_op=None):
-    """Queue device collective ``op`` on every rank; returns the master's result.
-    Workers' replies are read later (``Runtime.post``).  Whatever the device
-    cannot do (a dtype, ``reduce_op`` on it) is refused before any rank starts:
-    once the workers have the command, the master's failure closes the session."""
-    variables = [rt.shareds[i] for i in ids]
-    rt.device.check_collective(variables, reduce_op)
-    local = getattr(rt.device, "nccl_" + op)
-    return rt.post(Command.NCCL, (op, ids, args), local=lambda: local(variables, *args))
-
-
-def _uniform_shapes(rt, variables, ids):
-    """The one shape of each variable on every rank, for reductions."""
-    table = _shape_table(rt, variables, ids)
-    _equal_shapes(variables, table, "reduce")
-    return [per_rank[0] for per_rank in table]
+    return nccl and rt.device.has_collectives
 
 
 @_runtime.action("broadcast")
@@ -267,27 +88,27 @@ def broadcast(shared_vars, values=None, nccl=True):
     """
     rt = _runtime.require(distributed=True)
     use_nccl = _use_nccl(rt, nccl)
-    variables, ids, single = _targets(rt, shared_vars)
+    variables, ids, single = targets(rt, shared_vars)
     if use_nccl:
         if values is not None:
-            values = _values_for(values, variables, single)
+            values = values_for(values, variables, single)
             for var, v in zip(variables, values):
-                _check_static(var, _array(v).shape)
+                check_static(var, array_of(v).shape)
             rt.device.check_collective(variables)  # before the master's values change
             for var, v in zip(variables, values):
-                rt.device.set_value(var, _array(v))
+                rt.device.set_value(var, array_of(v))
         shapes = [rt.device.shape(v) for v in variables]
-        _device_collective(rt, "broadcast", ids, (rt.master_rank, shapes))
+        device_collective(rt, "broadcast", ids, (rt.master_rank, shapes))
         for i, shape in zip(ids, shapes):
-            rt.shapes[i] = [shape] * rt.n_parallel
+            rt.registry.record_shapes(i, [shape] * rt.n_parallel)
         return
     if values is None:
         values = [rt.device.get_value(v) for v in variables]
         ranks = rt.worker_ranks
     else:
-        values = _values_for(values, variables, single)
+        values = values_for(values, variables, single)
         ranks = None
-    _set_all(rt, variables, ids, values, ranks=ranks)
+    set_all(rt, variables, ids, values, ranks=ranks)
 
 
 @_runtime.action("scatter")
@@ -304,18 +125,18 @@ def scatter(shared_vars, values, batch=None):
         Scatter only these rows of each value.
     """
     rt = _runtime.require(distributed=True)
-    variables, ids, single = _targets(rt, shared_vars)
-    values = _values_for(values, variables, single)
+    variables, ids, single = targets(rt, shared_vars)
+    values = values_for(values, variables, single)
     rows = [[] for _ in range(rt.n_parallel)]
     for v, var in zip(values, variables):
-        arr = _array(v)
+        arr = array_of(v)
         if arr.ndim == 0:
             raise TypeError("cannot scatter the 0-d value for %s" % (var,))
         sel = slice(0, len(arr)) if batch is None else normalize_batch(batch, len(arr))
         check_selection_fits(sel, len(arr), "the value for %s" % (var,))
         for r, (p0, p1) in enumerate(split_bounds(selection_length(sel), rt.n_parallel)):
             rows[r].append(sub_selection(sel, p0, p1))
-    _set_all(rt, variables, ids, values, rows=rows)
+    set_all(rt, variables, ids, values, rows=rows)
 
 
 @_runtime.action("gather")
@@ -339,12 +160,12 @@ def gather(shared_vars, nd_up=1, nccl=True):
     use_nccl = _use_nccl(rt, nccl)
     if nd_up not in (0, 1) or isinstance(nd_up, bool):
         raise ValueError("nd_up must be 0 or 1, got %r" % (nd_up,))
-    variables, ids, single = _targets(rt, shared_vars)
+    variables, ids, single = targets(rt, shared_vars)
     if use_nccl:
-        per_var = _device_collective(rt, "gather", ids, (rt.master_rank, _shape_table(rt, variables, ids)))
+        per_var = device_collective(rt, "gather", ids, (rt.master_rank, shape_table(rt, variables, ids)))
         arrays = {r: [per_var[k][r] for k in range(len(ids))] for r in range(rt.n_parallel)}
     else:
-        arrays = _gather_arrays(rt, ids)
+        arrays = gather_arrays(rt, ids)
     results = []
     for k, var in enumerate(variables):
         values = [arrays[r][k] for r in range(rt.n_parallel)]
@@ -376,31 +197,31 @@ def all_gather(shared_vars, nccl=True):
     ranks' values, in rank order.  ndim is unchanged."""
     rt = _runtime.require(distributed=True)
     use_nccl = _use_nccl(rt, nccl)
-    variables, ids, _ = _targets(rt, shared_vars)
+    variables, ids, _ = targets(rt, shared_vars)
     if use_nccl:
-        table = _shape_table(rt, variables, ids)
+        table = shape_table(rt, variables, ids)
         joined = []
         for var, per_rank in zip(variables, table):
             _check_concatenable(var, per_rank)
             joined.append((sum(s[0] for s in per_rank),) + per_rank[0][1:])
-            _check_static(var, joined[-1], "all_gather")  # before the ranks start: see _device_collective
-        _device_collective(rt, "all_gather", ids, (table,))
+            check_static(var, joined[-1], "all_gather")  # before the ranks start: see _device_collective
+        device_collective(rt, "all_gather", ids, (table,))
         for i, shape in zip(ids, joined):
-            rt.shapes[i] = [shape] * rt.n_parallel
+            rt.registry.record_shapes(i, [shape] * rt.n_parallel)
         return
-    arrays = _gather_arrays(rt, ids)
+    arrays = gather_arrays(rt, ids)
     joined = [_join([arrays[r][k] for r in range(rt.n_parallel)], 0, var) for k, var in enumerate(variables)]
-    _set_all(rt, variables, ids, joined, argname="all_gather")
+    set_all(rt, variables, ids, joined, argname="all_gather")
 
 
 def _reduced(rt, shared_vars, op):
     check_op(op, allow_none=False)
-    variables, ids, single = _targets(rt, shared_vars)
-    arrays = _gather_arrays(rt, ids)
+    variables, ids, single = targets(rt, shared_vars)
+    arrays = gather_arrays(rt, ids)
     results = []
     for k, var in enumerate(variables):
         values = [arrays[r][k] for r in range(rt.n_parallel)]
-        _equal_shapes([var], [[v.shape for v in values]], "reduce")
+        equal_shapes([var], [[v.shape for v in values]], "reduce")
         results.append(np.asarray(reduce_values(values, op), dtype=var.dtype))
     return variables, ids, single, results
 
@@ -427,9 +248,9 @@ def reduce(shared_vars, op="avg", in_place=True, nccl=True):
     _check_flag(in_place, "in_place")
     if use_nccl:
         check_op(op, allow_none=False)
-        variables, ids, single = _targets(rt, shared_vars)
-        shapes = _uniform_shapes(rt, variables, ids)
-        results = _device_collective(rt, "reduce", ids, (op, rt.master_rank, in_place, shapes), op)
+        variables, ids, single = targets(rt, shared_vars)
+        shapes = uniform_shapes(rt, variables, ids)
+        results = device_collective(rt, "reduce", ids, (op, rt.master_rank, in_place, shapes), op)
         return None if in_place else _result(results, single)
     variables, _, single, results = _reduced(rt, shared_vars, op)
     if not in_place:
@@ -446,11 +267,11 @@ def all_reduce(shared_vars, op="avg", nccl=True):
     rt = _runtime.require(distributed=True)
     if _use_nccl(rt, nccl):
         check_op(op, allow_none=False)
-        variables, ids, _ = _targets(rt, shared_vars)
-        _device_collective(rt, "all_reduce", ids, (op, _uniform_shapes(rt, variables, ids)), op)
+        variables, ids, _ = targets(rt, shared_vars)
+        device_collective(rt, "all_reduce", ids, (op, uniform_shapes(rt, variables, ids)), op)
         return
     variables, ids, _, results = _reduced(rt, shared_vars, op)
-    _set_all(rt, variables, ids, results)
+    set_all(rt, variables, ids, results)
 
 
 @_runtime.action("set_value")
@@ -467,20 +288,20 @@ def set_value(rank, shared_vars, values, batch=None):
     """
     rt = _runtime.require(distributed=True)
     rank = _check_rank(rt, rank)
-    variables, ids, single = _targets(rt, shared_vars)
-    values = _values_for(values, variables, single)
+    variables, ids, single = targets(rt, shared_vars)
+    values = values_for(values, variables, single)
     rows = None
     if batch is not None:
         sels = []
         for v, var in zip(values, variables):
-            arr = _array(v)
+            arr = array_of(v)
             if arr.ndim == 0:
                 raise TypeError("batch=%s selects rows, but the value for %s is 0-d" % (brief(batch), var))
             sel = normalize_batch(batch, len(arr))
             check_selection_fits(sel, len(arr), "the value for %s" % (var,))
             sels.append(sel)
         rows = {rank: sels}
-    _set_all(rt, variables, ids, values, rows=rows, ranks=[rank])
+    set_all(rt, variables, ids, values, rows=rows, ranks=[rank])
 
 
 @_runtime.action("get_value")
@@ -488,8 +309,8 @@ def get_value(rank, shared_vars):
     """Value(s) of shared variable(s) on one rank, as numpy arrays (copies)."""
     rt = _runtime.require(distributed=True)
     rank = _check_rank(rt, rank)
-    variables, ids, single = _targets(rt, shared_vars)
-    arrays = _gather_arrays(rt, ids, ranks=[rank])[rank]
+    variables, ids, single = targets(rt, shared_vars)
+    arrays = gather_arrays(rt, ids, ranks=[rank])[rank]
     return _result([np.array(a) for a in arrays], single)
 
 
@@ -498,8 +319,8 @@ def get_shapes(shared_vars):
     """Shapes of shared variable(s) on every rank: a list (one shape per rank),
     or a list of such lists for a list of variables."""
     rt = _runtime.require(distributed=True)
-    _, ids, single = _targets(rt, shared_vars)
-    per_var = _all_shapes(rt, ids)
+    _, ids, single = targets(rt, shared_vars)
+    per_var = all_shapes(rt, ids)
     return per_var[0] if single else per_var
 
 

@@ -1,4 +1,5 @@
-"""The part of a Synkhronos function that runs on every rank.
+"""The part of a Synkhronos function that every rank holds: compiling and
+caching its variants (running a rank's share of a call is ``_run``).
 
 A ``FunctionCore`` holds the compiled PyTensor function and the symbolic graph it
 came from.  Variants that a call may need (an output subset, slicing with
@@ -8,63 +9,19 @@ together at ``distribute()``, so the shared variables of all functions keep thei
 correspondence in every worker.
 """
 
-import contextlib
 import copy
 import copyreg
 import io
 import pickle
-import warnings
 
 import numpy as np
 
 from ._plan import (
-    check_selection_fits,
-    selection_length,
-    split_bounds,
     sub_selection,
-    take_rows,
 )
-from ._reduce import Accumulator
+from ._warnings import compiler_warnings_hidden
 
-__all__ = ["FunctionCore", "compile_function", "dumps_cores", "is_jax_mode", "reseed_generators",
-           "compiler_warnings_hidden"]
-
-# JAX, when PyTensor's JAX backend asks it for an int64 or float64 value (index
-# arithmetic, float64 accumulators of float32 sums) in 32-bit mode.
-JAX_DTYPE_WARNING = "Explicitly requested dtype (int64|float64|uint64) requested in .* is not available"
-
-
-@contextlib.contextmanager
-def compiler_warnings_hidden(linker=None):
-    """Hide the warnings that PyTensor's backends raise while they compile a
-    function, about code PyTensor generates, which a user cannot act on: the
-    JAX backend's copies of random generators (see ``compile_function``),
-    JAX's 32-bit dtypes (``JAX_DTYPE_WARNING``) and Numba's object mode for the
-    bf16 emulation (``synkhronos._mixed``).
-
-    For compiling only: ``warnings.catch_warnings`` swaps the process's filters
-    while the block runs, which costs microseconds and is not thread-safe, so
-    calls go through it only when JAX traces them (see ``FunctionCore.variant``).
-
-    Parameters
-    ----------
-    linker : pytensor Linker, optional
-        The linker that compiles the function.
-    """
-    if type(linker).__name__ == "NumbaLinker":
-        # PyTensor hides Numba's false warnings about its generated code ("np.dot() is
-        # faster on contiguous arrays" for its transposes, numba/numba#10086) with a
-        # process-wide filter that it installs when its Numba backend is first imported.
-        # Imported inside catch_warnings, that filter would end with the block.
-        import pytensor.link.numba.dispatch  # noqa: F401
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The RandomType SharedVariables", category=UserWarning)
-        warnings.filterwarnings("ignore", message=JAX_DTYPE_WARNING, category=UserWarning)
-        # fork(precision="bf16") on CPU workers: the emulation is a Python perform by design
-        # (see _mixed), which Numba runs in object mode and says so for each node.
-        warnings.filterwarnings("ignore", message="Numba will use object mode to run Bf16",
-                                category=UserWarning)
-        yield
+__all__ = ["FunctionCore", "compile_function", "dumps_cores", "is_jax_mode", "reseed_generators"]
 
 
 class FunctionCore:
@@ -181,18 +138,18 @@ class FunctionCore:
         """Compile the variant a call with these arguments will most likely use;
         returns its key ``(subset, accumulate, share_kind)``."""
         if num_slices > 1 and (self.n_scatter or self.sliceable):
-            key = subset, bool(self.updates), self._sliced_kind(share_sel)
+            key = subset, bool(self.updates), self.sliced_kind(share_sel)
         else:
-            key = subset, False, self._share_args(share_sel, None)[0]
+            key = subset, False, self.share_args(share_sel, None)[0]
         self.compiled(*key)
         return key
 
-    def _sliced_kind(self, share_sel):
+    def sliced_kind(self, share_sel):
         if not self.sliceable:
             return None
         return "index" if self.index_only or isinstance(share_sel, np.ndarray) else "slice"
 
-    def _share_args(self, share_sel, part):
+    def share_args(self, share_sel, part):
         """Extra inputs that select rows of the sliceable shared variables."""
         if share_sel is None and part is None:
             return None, []
@@ -208,20 +165,14 @@ class FunctionCore:
             sel = np.arange(sel.start, sel.stop)
         return "index", [np.ascontiguousarray(sel, dtype=np.int64)]
 
-    # ----------------------------------------------------------------- execution
-    def device_reduction(self, device, subset, num_slices):
-        """How ``device`` reduces a call's outputs itself: ``(shape, dtype, mode)``
-        per output of ``subset``, or None when they go to the master through the
-        host.  Decided from the graph and the call alone, so that every rank
-        decides alike: each output needs a reduce mode, a static shape (the ranks
-        must agree on sizes before they run), a dtype the device reduces (a float
-        one for ``avg``); and the call must not be sliced (slices accumulate on
-        the host)."""
-        if not device.reduces_outputs or num_slices > 1 or not subset:
-            return None
-        key = (subset, device.reduce_dtypes)  # asked on every call, by every rank
+    # ------------------------------------------------------------ reductions
+    def reduction_specs(self, subset, reduce_dtypes):
+        """``(shape, dtype, mode)`` per output of ``subset`` when a device that
+        reduces ``reduce_dtypes`` can reduce them itself, else None (see
+        ``_run.device_reduction``); cached, since every rank asks on every call."""
+        key = (subset, reduce_dtypes)
         if key not in self._reductions:
-            self._reductions[key] = self._reduction_specs(subset, device.reduce_dtypes)
+            self._reductions[key] = self._reduction_specs(subset, reduce_dtypes)
         return self._reductions[key]
 
     def _reduction_specs(self, subset, reduce_dtypes):
@@ -236,121 +187,6 @@ class FunctionCore:
                 return None
             specs.append((tuple(int(d) for d in shape), dtype.name, mode))
         return specs
-
-    def run_reduced(self, device, specs, root, weighted, *args):
-        """``run_local(device, *args)``, then queue the reduction of its outputs
-        into rank ``root`` on the device (``specs`` from ``device_reduction``).
-
-        ``weighted``: each rank sends ``avg`` outputs times its rows, for the
-        master to divide by the total.  When every rank has the same number of
-        rows the master says so (False) and the outputs go as they are, to be
-        divided by the number of ranks: the same mean, without a kernel per
-        output on every rank (15 us of host time each on an H100).
-
-        A rank whose share failed still takes part, with identity values, so that
-        no rank waits forever; the error is raised after.
-
-        Returns
-        -------
-        (weight, had_rows, results)
-            ``results`` is the device's handle on the reduced outputs on root
-            (``device.take_outputs`` copies them to the host), None elsewhere.
-        """
-        try:
-            weight, outputs = self.run_local(device, *args)
-        except Exception:
-            device.reduce_outputs(None, specs, 0, root)
-            raise
-        results = device.reduce_outputs(outputs, specs, weight if weighted else 1, root)
-        return weight, outputs is not None, results
-
-    def _fit(self, arrays):
-        """Safely upcast inputs whose Data dtype differs from the variable's (as
-        ``pytensor.function`` does for numpy inputs); each rank casts its rows."""
-        return [a if a.dtype == dt else a.astype(dt) for a, dt in zip(arrays, self.in_dtypes)]
-
-    def _share_length(self, device, share_sel, need_equal):
-        # Through the device: no copy, and in the master no wait for posted work.
-        lengths = [device.shape(s)[0] for s in self.sliceable]
-        if share_sel is None:
-            if need_equal and len(set(lengths)) > 1:
-                raise ValueError(
-                    "sliceable shared variables %s have different lengths %s; pass batch_s "
-                    "or give them equal lengths" % (self.sliceable, lengths)
-                )
-            return lengths[0]
-        for s, n in zip(self.sliceable, lengths):
-            check_selection_fits(share_sel, n, "sliceable shared variable %s" % s, "batch_s")
-        return selection_length(share_sel)
-
-    def run_local(self, device, scattered, bcast, share_sel, subset, num_slices):
-        """Run this rank's share of a call.
-
-        Parameters
-        ----------
-        device : device layer
-            Sets the accumulated updates of a sliced call.
-        scattered : list of (array, selection or None)
-            Each scattered input with the rows this rank uses.
-        bcast : list of array
-            Broadcast inputs, used whole.
-        share_sel : selection or None
-            ``batch_s`` for this rank.
-        subset : tuple of int
-            Output indices to compute.
-        num_slices : int
-            Slices to compute over, accumulating outputs and updates.
-
-        Returns
-        -------
-        (weight, outputs)
-            ``weight`` is the number of rows used (1 when there is nothing to
-            split); ``outputs`` is a list, or None when the rank had no rows.
-        """
-        n_rows = None
-        if scattered:
-            n_rows = len(scattered[0][0]) if scattered[0][1] is None else selection_length(scattered[0][1])
-        share_len = None
-        if self.sliceable and (share_sel is not None or num_slices > 1 or n_rows is None):
-            share_len = self._share_length(device, share_sel, need_equal=num_slices > 1)
-            if n_rows is not None and (share_sel is not None or num_slices > 1) and share_len != n_rows:
-                raise ValueError(
-                    "scattered inputs give %d rows on this rank but the sliceable shared "
-                    "variables give %d; their lengths must match" % (n_rows, share_len)
-                )
-        weight = n_rows if n_rows is not None else share_len
-        if weight is None:  # nothing to split: every rank runs the whole function
-            return 1, self.variant(subset, False, None)(*self._fit(bcast))
-        if weight == 0:
-            return 0, None
-        slices = min(num_slices, weight)
-        if slices == 1:
-            kind, share_args = self._share_args(share_sel, None)
-            ins = [take_rows(a, sel) for a, sel in scattered] + list(bcast)
-            ins = self._fit(ins) + share_args
-            return weight, self.variant(subset, False, kind)(*ins)
-        return weight, self._run_sliced(device, scattered, bcast, share_sel, subset, weight, slices)
-
-    def _run_sliced(self, device, scattered, bcast, share_sel, subset, length, slices):
-        accumulate = bool(self.updates)
-        kind = self._sliced_kind(share_sel)
-        fn = self.variant(subset, accumulate, kind)
-        out_accs = [Accumulator(self.output_modes[i]) for i in subset]
-        upd_accs = [Accumulator(m) for m in self.update_modes] if accumulate else []
-        for start, stop in split_bounds(length, slices):
-            ins = []
-            for a, sel in scattered:
-                part = slice(start, stop) if sel is None else sub_selection(sel, start, stop)
-                ins.append(take_rows(a, part))
-            ins = self._fit(ins + list(bcast))
-            if kind is not None:
-                ins += self._share_args(share_sel, (start, stop))[1]
-            results = device.to_host(fn(*ins))
-            for acc, r in zip(out_accs + upd_accs, results):
-                acc.add(r, stop - start)
-        for (var, _), acc in zip(self.updates if accumulate else (), upd_accs):
-            device.set_value(var, _combine_slices(acc))
-        return [_combine_slices(acc) for acc in out_accs]
 
 
 def _hiding_on_new_shapes(fn):
@@ -390,16 +226,6 @@ def is_jax_mode(mode):
     if isinstance(mode, str):
         return mode.upper() == "JAX"
     return type(getattr(mode, "linker", None)).__name__ == "JAXLinker"
-
-
-def _combine_slices(acc):
-    """Result of an accumulator over slices; ``None`` mode joins the slices."""
-    result = acc.result()
-    if acc.op is not None:
-        return result
-    if result[0].ndim == 0:
-        return np.stack(result)
-    return np.concatenate(result)
 
 
 def _reseeded(value, rank):

@@ -1,45 +1,19 @@
 """``synk.Data``: numpy arrays in POSIX shared memory that every rank can read."""
 
 import numbers
-import sys
 
 import numpy as np
 
 from . import _runtime
+from ._dtypes import as_array as _as_array
+from ._dtypes import check_dtype as _check_dtype
+from ._dtypes import check_flag as _check_flag
+from ._dtypes import check_oversize as _check_oversize
 from ._plan import brief
-from ._protocol import Command
-from ._shmem import Segment, array_ref, segment_name
+from ._protocol import DropData, MapData
+from ._shmem import DataMemory
 
 __all__ = ["Data", "data"]
-
-
-def _check_oversize(oversize):
-    if isinstance(oversize, bool) or not isinstance(oversize, numbers.Real) or not 1 <= oversize <= 2:
-        raise ValueError("oversize must be a number in [1, 2], got %r" % (oversize,))
-    return float(oversize)
-
-
-def _check_flag(value, argname):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError("%s must be True or False, got %r" % (argname, value))
-    return bool(value)
-
-
-def _check_dtype(dtype, argname="dtype"):
-    """Data holds numbers and booleans: an object or string array in shared
-    memory would hold pointers into the master's own memory."""
-    if dtype.kind not in "biufc":
-        raise TypeError("%s: dtype %s cannot be Data; use a boolean, integer, float or complex dtype"
-                        % (argname, dtype))
-    return dtype
-
-
-def _as_array(value, argname):
-    """``np.asarray(value)``, with an error that names ``argname``."""
-    try:
-        return np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise TypeError("%s is not an array of numbers (%s): %s" % (argname, exc, brief(value))) from None
 
 
 class Data:
@@ -72,15 +46,12 @@ class Data:
         self._ndim = int(ndim)
         self._minibatch = bool(minibatch)
         self._name = name
-        self._seg = None
-        self._gen = 0
-        self._array = None
-        self._ref_cache = None
-        # Counts the chances the user had to change the values (every hand-out of a
-        # writable view): hosts other than the master's take a new copy when it moved,
-        # or while a view handed out earlier is alive (``_exposed``).
-        self._version = 0
-        self._published = None  # (segment name, _version) that the other hosts hold
+        self._memory = DataMemory(self._rt.token, "d%d" % ID, self._dtype)
+
+    @property
+    def _array(self):
+        """The array (None before allocation), without counting a hand-out."""
+        return self._memory.array
 
     # ---------------------------------------------------------------- properties
     @property
@@ -88,8 +59,8 @@ class Data:
         """The underlying numpy array (a view of the shared memory), or None
         before any memory is allocated.  Read and write it in place; change its
         shape only through ``set_value``/``set_shape``/``set_length``."""
-        self._version += 1
-        return self._array
+        self._memory.version += 1
+        return self._memory.array
 
     @property
     def dtype(self):
@@ -115,7 +86,7 @@ class Data:
     def alloc_size(self):
         """Number of items the shared-memory allocation can hold (at least
         ``size``; larger after an ``oversize`` or a shrink)."""
-        return 0 if self._seg is None else self._seg.nbytes // self._dtype.itemsize
+        return self._memory.capacity
 
     @property
     def minibatch(self):
@@ -137,12 +108,12 @@ class Data:
         return self._array
 
     def __getitem__(self, k):
-        self._version += 1  # a view, which may be written
+        self._memory.version += 1  # a view, which may be written
         return self._require_array()[k]
 
     def __setitem__(self, k, v):
         self._rt.check_owner()  # the memory is the session's: a forked child must not change it
-        self._version += 1
+        self._memory.version += 1
         self._require_array()[k] = v
 
     def __len__(self):
@@ -151,7 +122,7 @@ class Data:
         return len(self._require_array())
 
     def __array__(self, dtype=None, copy=None):
-        self._version += 1
+        self._memory.version += 1
         arr = self._require_array()
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             return arr.astype(dtype)
@@ -275,71 +246,43 @@ class Data:
         """Release the shared memory in the master and the workers; the next
         ``set_value`` allocates anew (the only way to shrink an allocation)."""
         self._rt.check_owner()
-        if self._seg is None:
-            return
-        name = self._seg.name
-        self._release()
-        if not self._rt.closed:
-            self._rt.request(Command.DROP_DATA, name)
+        name = self._memory.release()
+        if name is not None and not self._rt.closed:
+            self._rt.dispatcher.request(DropData(name))
 
     # ------------------------------------------------------------------ internal
     def _reshape(self, shape, oversize, keep):
         self._rt.check_owner()
         items = int(np.prod(shape, dtype=np.int64))
-        old = self._array
-        if self._seg is None or items > self.alloc_size:
-            self._allocate(max(int(items * oversize), items), old if keep else None)
-        self._array = self._seg.array(self._dtype, shape)
-        self._ref_cache = array_ref(self._seg.name, 0, self._dtype, shape)
-        self._version += 1
+        mem = self._memory
+        if mem.segment is None or items > mem.capacity:
+            self._allocate(max(int(items * oversize), items), mem.array if keep else None)
+        mem.view(shape)
 
-    def _allocate(self, items, old):
+    def _allocate(self, items, keep):
         rt = self._rt
         if rt.closed:
             raise RuntimeError("Synkhronos is closed: Data memory cannot be allocated")
-        self._gen += 1
-        seg = Segment(segment_name(rt.token, "d%d" % self._ID, self._gen), items * self._dtype.itemsize)
-        if old is not None and old.size:
-            flat = seg.array(self._dtype, (items,))
-            n = min(old.size, items)
-            flat[:n] = old.reshape(-1)[:n]
-        prev, self._seg, self._array = self._seg, seg, None
-        if prev is not None:
-            prev.unlink()
-            prev.close()
+        name = self._memory.allocate(items, keep)
         # Ranks on other hosts (MPI launch) map their host's copy when a call needs it.
-        rt.request(Command.MAP_DATA, seg.name, ranks=[r for r in rt.worker_ranks if not rt.remote(r)])
+        rt.dispatcher.request(MapData(name), ranks=rt.local_workers())
 
     def _release(self):
         """Drop this process's memory (no message to workers)."""
-        self._array = None
-        self._ref_cache = None
-        if self._seg is not None:
-            self._seg.unlink()
-            self._seg.close()
-            self._seg = None
-
-    def _exposed(self):
-        """Whether a view of the memory lives outside this object: one handed out
-        before the last call may have been written through since, so the other
-        hosts' copy cannot be trusted (CPython's reference counts tell)."""
-        arr = self._array
-        # arr: this object's reference, the local name, the argument; its base (the
-        # mapped buffer) is referenced by arr and by the argument alone.
-        return sys.getrefcount(arr) > 3 or sys.getrefcount(arr.base) > 2
+        self._memory.release()
 
     def _ref(self):
         """Array ref to the current array, for the workers."""
-        if self._ref_cache is None:
+        ref = self._memory.ref
+        if ref is None:
             self._require_array()
-        return self._ref_cache
+        return ref
 
     def __del__(self):
         try:
-            if self._seg is not None and not self._rt.closed and not self._rt.foreign:
-                name = self._seg.name
-                self._release()
-                self._rt.forget_segment(name)
+            rt = self._rt
+            if self._memory.segment is not None and not rt.closed and not rt.foreign:
+                rt.dispatcher.forget_segment(self._memory.release())
         except Exception:
             pass
 
@@ -430,10 +373,7 @@ def make_data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, n
     if isinstance(ndim, bool) or not isinstance(ndim, numbers.Integral) or ndim < 0:
         raise TypeError("ndim must be a non-negative int, got %r" % (ndim,))
     _check_oversize(oversize)
-    ID = rt.next_data_id
-    rt.next_data_id += 1
-    d = Data(ID, dtype, ndim, minibatch=minibatch, name=name)
-    rt.datas[ID] = d
+    d = rt.registry.add_data(lambda ID: Data(ID, dtype, ndim, minibatch=minibatch, name=name))
     if value is not None:
         d._set_value(value, force_cast, oversize, argname)
     elif shape is not None:

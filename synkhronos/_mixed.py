@@ -2,8 +2,9 @@
 
 PyTensor has no bfloat16 type, so the graph keeps its float32 variables and the
 rewrite here changes how the nodes that profit from bfloat16 compute: every
-float32 ``Dot`` and every convolution of ``synkhronos.extensions.nnet`` (forward
-and both gradients) is wrapped in ``Bf16Op``, which rounds its float32 inputs to
+float32 ``Dot`` and every op that declares itself a product (a class attribute
+``bf16_product = True``: the convolutions of ``synkhronos.extensions.nnet``,
+forward and both gradients) is wrapped in ``Bf16Op``, which rounds its float32 inputs to
 bfloat16, computes with float32 accumulation, and rounds its result to bfloat16
 before handing it on as float32.  That is what mixed-precision training does
 with matrix products and convolutions (PyTorch's autocast among others);
@@ -46,10 +47,11 @@ def round_to_bf16(array):
     return np.where(np.isnan(a), a, rounded).reshape(a.shape)
 
 
-def _wrapped_types():
-    from .extensions.nnet import Conv2d, Conv2dGradInput, Conv2dGradWeight
-
-    return (Dot, Conv2d, Conv2dGradInput, Conv2dGradWeight)
+def _is_product(op):
+    """Whether ``op`` computes in bfloat16 under the rewrite: a ``Dot``, or an op
+    that says it is a product (``bf16_product = True``; the core knows no
+    extension's ops by name)."""
+    return isinstance(op, Dot) or getattr(op, "bf16_product", False) is True
 
 
 class Bf16Op(WrappingOp):
@@ -69,8 +71,8 @@ class Bf16Op(WrappingOp):
         return "Bf16{%s}" % (self.op,)
 
 
-def _wrappable(node, types):
-    return (isinstance(node.op, types) and not isinstance(node.op, Bf16Op)
+def _wrappable(node):
+    return (_is_product(node.op) and not isinstance(node.op, Bf16Op)
             and all(v.dtype == "float32" for v in node.outputs)
             and any(getattr(v, "dtype", None) == "float32" for v in node.inputs))
 
@@ -79,9 +81,8 @@ class Bf16Products(GraphRewriter):
     """Wrap float32 matrix products and convolutions in ``Bf16Op``."""
 
     def apply(self, fgraph):
-        types = _wrapped_types()
         for node in list(fgraph.toposort()):
-            if _wrappable(node, types):
+            if _wrappable(node):
                 new = Bf16Op(node.op).make_node(*node.inputs)
                 fgraph.replace_all(list(zip(node.outputs, new.outputs)), reason="synk_bf16")
 

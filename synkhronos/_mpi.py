@@ -29,7 +29,6 @@ segments, data copies and inline transfers), so the cross-host paths run, and
 can be tested, on one machine.
 """
 
-import atexit
 import os
 import pickle
 import secrets
@@ -40,9 +39,10 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from ._protocol import env_flag
+from ._wait import wait_requests
 
 __all__ = ["Cluster", "cluster", "launched", "connect_workers", "connect_master", "refuse_workers",
-           "wait_all", "finalize", "mark_failed", "check_unused", "start_session", "HOST_ENV", "MPI_ENV",
+           "finalize", "check_unused", "start_session", "HOST_ENV", "MPI_ENV",
            "ADDR_ENV"]
 
 MPI_ENV = "SYNKHRONOS_MPI"  # 0: ignore an MPI launch (fork() spawns workers as without MPI)
@@ -58,14 +58,9 @@ _CONNECT_TIMEOUT = 120.0
 _HANDSHAKE_S = 10  # seconds a connecting process has to prove it knows the key
 
 # The MPI launch outlives sessions: one per process, and one session per launch
-# (its workers end with it).
-_state = {"failed": False, "cluster": None, "session": False}
-# Requests whose wait was broken off (the hook raised).  mpi4py keeps a request's
-# buffers alive only while the request object lives, and MPI may still write into
-# them: they are kept for the life of the process.
-_ABANDONED = []
-
-
+# (its workers end with it).  How a launch ends (the session first, then MPI's
+# finalize) is the business of the session's owner, ``_api``.
+_state = {"cluster": None, "session": False}
 def _mark_rank():
     if any(v in os.environ for v in _LAUNCH_VARS):
         os.environ.setdefault(_PID_ENV, str(os.getpid()))
@@ -108,11 +103,6 @@ def _mpi():
     return MPI
 
 
-def mark_failed():
-    """A session broke: skip MPI's finalize at exit, which a dead rank would block."""
-    _state["failed"] = True
-
-
 def finalize():
     """Finalize MPI (a fence: it returns once every rank has called it)."""
     MPI = _mpi()
@@ -123,11 +113,7 @@ def finalize():
 def cluster():
     """This launch's ``Cluster`` (made on first use, by every rank together)."""
     if _state["cluster"] is None:
-        from ._protocol import env_flag as flag
-
-        _state["cluster"] = Cluster(_mpi().COMM_WORLD, flag(HOST_ENV, False))
-        if _state["cluster"].rank == 0:
-            atexit.register(_finish)
+        _state["cluster"] = Cluster(_mpi().COMM_WORLD, env_flag(HOST_ENV, False))
     return _state["cluster"]
 
 
@@ -141,19 +127,6 @@ def check_unused():
 def start_session():
     """The master is about to start the workers' session."""
     _state["session"] = True
-
-
-def _finish():
-    """At the master's exit: close the session, release workers still waiting
-    for one, and finalize MPI with them (not after a failure: a dead rank would
-    never join)."""
-    from ._runtime import shutdown
-
-    shutdown()  # workers leave their loops before the master's finalize, which waits for them
-    if not _state["session"]:
-        refuse_workers(_state["cluster"])
-    if not _state["failed"]:
-        finalize()
 
 
 class Cluster:
@@ -225,26 +198,7 @@ class Cluster:
         """Every host leader's ``array`` takes the master's (rank 0's) contents."""
         if self.leaders_comm == _mpi().COMM_NULL or array.size == 0:
             return
-        wait_all([self.leaders_comm.Ibcast(array.reshape(-1).view("u1"), root=0)], hook)
-
-
-def wait_all(requests, hook=None):
-    """Wait for MPI ``requests``; with ``hook``, call it between polls (after
-    polling alone for 1 ms) so that a failure elsewhere is noticed, not waited on."""
-    MPI = _mpi()
-    if hook is None:
-        MPI.Request.Waitall(requests)
-        return
-    # Testall also drives MPI's progress, so polling is all the library needs.
-    checks_from = time.perf_counter() + 1e-3
-    try:
-        while not MPI.Request.Testall(requests):
-            if time.perf_counter() > checks_from:
-                hook()
-                time.sleep(20e-6)
-    except BaseException:
-        _ABANDONED.append(requests)
-        raise
+        wait_requests([self.leaders_comm.Ibcast(array.reshape(-1).view("u1"), root=0)], hook)
 
 
 def _master_address(cluster, n_parallel):

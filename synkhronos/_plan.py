@@ -10,6 +10,7 @@ import numbers
 import numpy as np
 
 __all__ = [
+    "is_int",
     "split_bounds",
     "normalize_batch",
     "normalize_batch_s",
@@ -37,7 +38,7 @@ def split_bounds(length, parts):
     return bounds
 
 
-def _is_int(x):
+def is_int(x):
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
@@ -69,7 +70,7 @@ def _check_slice(s, argname, length=None):
     stop = length if s.stop is None else s.stop
     if stop is None:
         raise ValueError("%s slice needs an int stop here, got %r" % (argname, s))
-    if not (_is_int(start) and _is_int(stop)):
+    if not (is_int(start) and is_int(stop)):
         raise TypeError("%s slice start and stop must be ints, got %r" % (argname, s))
     if start < 0 or stop < start:
         raise ValueError("%s slice must have 0 <= start <= stop, got %r" % (argname, s))
@@ -94,7 +95,7 @@ def normalize_batch(batch, length=None, argname="batch"):
     ValueError
         For negative values or a slice with a step.
     """
-    if _is_int(batch):
+    if is_int(batch):
         if batch < 0:
             raise ValueError("%s must be non-negative, got %d" % (argname, batch))
         return slice(0, int(batch))
@@ -109,7 +110,7 @@ def normalize_batch(batch, length=None, argname="batch"):
 
 
 def _is_index_list(value):
-    return isinstance(value, (list, tuple)) and all(_is_int(v) for v in value)
+    return isinstance(value, (list, tuple)) and all(is_int(v) for v in value)
 
 
 def normalize_batch_s(batch_s, n_ranks):

@@ -2,7 +2,8 @@
 is ``_channel``'s business).
 
 Every action is one round trip: the master sends ``(Command, payload)`` to the
-workers it needs, does its own share, then reads one reply from each.  A reply is
+workers it needs (each command's payload is one record below, built by the
+master and read by the worker), does its own share, then reads one reply from each.  A reply is
 ``(True, result)`` or ``(False, (exception type name, message, traceback))``.
 Because the master always reads every reply it asked for, the channel never gets
 out of step, and the round trip is the barrier that guards each action.  The one
@@ -14,8 +15,11 @@ orders the work.
 import enum
 import os
 import traceback
+from typing import Any, NamedTuple
 
-__all__ = ["Command", "ok", "failure", "spin_seconds", "env_nonnegative", "env_flag"]
+__all__ = ["Command", "PAYLOADS", "Exit", "Distribute", "Call", "MapData", "DropData", "SendShareds",
+           "SetShareds", "SharedValue", "GetShapes", "CommInit", "Collective", "Sync", "HostData",
+           "COMMAND_OF", "wire", "ok", "failure", "spin_seconds", "env_nonnegative", "env_flag"]
 
 # How long a process polls for the next message before it sleeps (see
 # ``_channel``).  (Polling 3 ms instead of 100 us did not speed up a tiny call on
@@ -81,7 +85,7 @@ def spin_seconds():
 
 
 class Command(enum.IntEnum):
-    """What a worker is asked to do."""
+    """What a worker is asked to do (its payload: the record in ``PAYLOADS``)."""
 
     EXIT = 0
     DISTRIBUTE = 1  # unpickle all functions and shared variables
@@ -91,10 +95,91 @@ class Command(enum.IntEnum):
     SEND_SHAREDS = 5  # return values of shared variables
     SET_SHAREDS = 6  # overwrite values of shared variables
     GET_SHAPES = 7  # return shapes of shared variables
-    NCCL_INIT = 8  # join the NCCL communicator (MPI's, for CPU ranks launched by MPI)
-    NCCL = 9  # queue a device collective on shared variables
+    COMM_INIT = 8  # join the device communicator (NCCL; MPI's, for CPU ranks launched by MPI)
+    COLLECTIVE = 9  # run (or queue) a device collective on shared variables
     SYNC = 10  # wait until this rank's device work is done
     HOST_DATA = 11  # (host leaders of other hosts) take a copy of a Data segment over MPI
+
+
+class Exit(NamedTuple):
+    failed: bool  # the session broke: leave without MPI's finalize
+
+
+class Distribute(NamedTuple):
+    flags: dict  # PyTensor flags the workers take from the master
+    blob: bytes  # the pickled (function cores, shared variables)
+
+
+class Call(NamedTuple):
+    function: int  # index of the function among the session's
+    scattered: list  # (array ref, this rank's rows) per scattered input
+    bcast: list  # array ref per broadcast input
+    share_sel: Any  # this rank's batch_s, or None
+    subset: tuple  # output indices to compute
+    num_slices: int
+    weighted: bool  # whether avg outputs go weighted by rows (see run_reduced)
+
+
+class MapData(NamedTuple):
+    name: str  # segment name
+
+
+class DropData(NamedTuple):
+    name: str
+
+
+class SendShareds(NamedTuple):
+    ids: list  # shared variable indices
+
+
+class SharedValue(NamedTuple):
+    id: int  # shared variable index
+    value: Any  # exchange token or array ref (this host), or the rows themselves (another host)
+    rows: Any  # selection of the value's rows this rank takes, or None for all
+
+
+class SetShareds(NamedTuple):
+    values: list  # of SharedValue
+
+
+class GetShapes(NamedTuple):
+    ids: list
+
+
+class CommInit(NamedTuple):
+    uid: Any  # the device's rendezvous token (None for MPI)
+
+
+class Collective(NamedTuple):
+    op: str  # a Device collective: "all_reduce", "reduce", "broadcast", "gather", "all_gather"
+    ids: list
+    args: tuple  # that method's arguments after the variables
+
+
+class Sync(NamedTuple):
+    pass
+
+
+class HostData(NamedTuple):
+    name: str  # the master's segment
+    nbytes: int  # its size
+    used: int  # bytes in use, which travel
+
+
+PAYLOADS = {
+    Command.EXIT: Exit, Command.DISTRIBUTE: Distribute, Command.CALL: Call,
+    Command.MAP_DATA: MapData, Command.DROP_DATA: DropData, Command.SEND_SHAREDS: SendShareds,
+    Command.SET_SHAREDS: SetShareds, Command.GET_SHAPES: GetShapes, Command.COMM_INIT: CommInit,
+    Command.COLLECTIVE: Collective, Command.SYNC: Sync, Command.HOST_DATA: HostData,
+}
+COMMAND_OF = {record: cmd for cmd, record in PAYLOADS.items()}
+_NUMBER_OF = {record: int(cmd) for cmd, record in PAYLOADS.items()}
+
+
+def wire(record, drops=()):
+    """What travels to a worker for ``record`` (a payload record):
+    ``(command number, record, names of Data segments to drop first)``."""
+    return _NUMBER_OF[type(record)], record, drops
 
 
 def ok(result=None):

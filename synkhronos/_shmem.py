@@ -16,11 +16,13 @@ an error, never memory we use), under names that carry 128 random bits.
 import mmap
 import os
 import secrets
+import sys
 
 import numpy as np
 import posix_ipc
 
 __all__ = [
+    "DataMemory",
     "Segment",
     "SegmentCache",
     "array_ref",
@@ -121,6 +123,97 @@ def array_ref(name, offset, dtype, shape):
     A plain tuple, so that it pickles small and fast on the command channel.
     """
     return (name, int(offset), np.dtype(dtype).str, tuple(shape))
+
+
+class DataMemory:
+    """The shared memory behind one ``Data`` object: its segment (a new
+    generation, under a new name, at every reallocation), the array that views
+    it, and whether the other hosts' copies (MPI launch) are still current.
+
+    Parameters
+    ----------
+    token : str
+        The session's token.
+    slot : str
+        This object's slot among the session's segments.
+    dtype : numpy dtype
+    """
+
+    def __init__(self, token, slot, dtype):
+        self._token = token
+        self._slot = slot
+        self._dtype = dtype
+        self._gen = 0
+        self.segment = None
+        self.array = None  # the view the Data object hands out
+        self.ref = None  # array_ref of ``array``, for the workers
+        # Counts the chances the user had to change the values (every hand-out of a
+        # writable view): other hosts take a new copy when it moved, or while a
+        # view handed out earlier is alive (``exposed``).
+        self.version = 0
+        self._published = None  # (segment name, version) that the other hosts hold
+
+    @property
+    def capacity(self):
+        """Items the segment holds (0 without one)."""
+        return 0 if self.segment is None else self.segment.nbytes // self._dtype.itemsize
+
+    def allocate(self, items, keep=None):
+        """Replace the segment by a new one of ``items`` items, holding the first
+        items of array ``keep`` (if given); returns the new segment's name.  The
+        array is None until ``view``."""
+        self._gen += 1
+        seg = Segment(segment_name(self._token, self._slot, self._gen), items * self._dtype.itemsize)
+        if keep is not None and keep.size:
+            flat = seg.array(self._dtype, (items,))
+            n = min(keep.size, items)
+            flat[:n] = keep.reshape(-1)[:n]
+        self._drop_segment()
+        self.segment = seg
+        return seg.name
+
+    def view(self, shape):
+        """View the segment as an array of ``shape``."""
+        self.array = self.segment.array(self._dtype, shape)
+        self.ref = array_ref(self.segment.name, 0, self._dtype, shape)
+        self.version += 1
+
+    def release(self):
+        """Drop the array and the segment; returns the segment's name (or None)."""
+        name = None if self.segment is None else self.segment.name
+        self.array = None
+        self.ref = None
+        self._drop_segment()
+        return name
+
+    def _drop_segment(self):
+        prev, self.segment, self.array = self.segment, None, None
+        if prev is not None:
+            prev.unlink()
+            prev.close()
+
+    def exposed(self):
+        """Whether a view of the memory lives outside this object: one handed out
+        before the last call may have been written through since, so the other
+        hosts' copy cannot be trusted (CPython's reference counts tell)."""
+        arr = self.array
+        # arr: this object's reference, the local name, the argument; its base (the
+        # mapped buffer) is referenced by arr and by the argument alone.
+        return sys.getrefcount(arr) > 3 or sys.getrefcount(arr.base) > 2
+
+    def stale_on_hosts(self):
+        """Whether the other hosts' copies may differ from this memory."""
+        if self.segment is None:
+            return False
+        return self._published != (self.segment.name, self.version) or self.exposed()
+
+    def published(self):
+        """The other hosts now hold this memory's contents."""
+        self._published = (self.segment.name, self.version)
+
+    def used_bytes(self):
+        """The bytes of the array, as a flat uint8 view (what travels)."""
+        return self.array.reshape(-1).view("u1")
 
 
 class SegmentCache:

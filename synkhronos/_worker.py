@@ -9,11 +9,7 @@ command channel ends (the master died), and, checked by a watchdog thread, when
 it is orphaned while busy with a command; then it removes the session's shared
 memory and temporary directory itself.
 
-For fault-injection tests, ``SYNKHRONOS_FAULT="rank:command:nth:action"`` (several
-joined by ``;``) makes worker ``rank`` act up on the ``nth`` (1-based) command
-named ``command`` (``call``, ``set_shareds``, ... as in ``Command``), before
-carrying it out: ``hang`` sleeps forever, ``raise`` raises RuntimeError,
-``crash`` dies of a segmentation fault.
+Faults can be injected for tests (see ``_faults``).
 """
 
 import faulthandler
@@ -32,12 +28,14 @@ import time
 from . import _log, _shmem, _stacks
 from ._channel import ShmChannel, SocketChannel
 from ._core import reseed_generators
+from ._devices import select_device
 from ._exchange import ExchangeBuffer, receive
+from ._faults import FAULT_ENV, Faults
 from ._plan import take_rows
 from ._protocol import Command, failure, ok
+from ._run import device_reduction, run_local, run_reduced
 
 _WATCH_S = 0.5  # how often a worker checks that its master is alive
-FAULT_ENV = "SYNKHRONOS_FAULT"
 
 __all__ = ["main"]
 
@@ -53,18 +51,7 @@ class _WorkerState:
         self.master_rank = config["master_rank"]
         self.cluster = cluster
         remote = cluster is not None and cluster.remote(self.rank)
-        if config["device"] == "gpu":
-            from ._devices import gpu
-
-            self.device = gpu.GpuDevice(gpu_ids=[])
-        elif cluster is not None:
-            from ._devices import cpu_mpi
-
-            self.device = cpu_mpi.MpiCpuDevice(lambda: cluster.comm)
-        else:
-            from ._devices import cpu
-
-            self.device = cpu.CpuDevice()
+        self.device = select_device(config["device"] == "gpu", cluster=cluster, worker=True)
         self.exchange = ExchangeBuffer(self.token, self.rank, inline=remote)
         self.cache = _shmem.SegmentCache(host=cluster.host if remote else None)
         self.host_copies = {}  # slot -> Segment: this host's copies of Data (host leaders, MPI)
@@ -106,8 +93,8 @@ def _import_pytensor():
         pass
 
 
-def _distribute(state, payload):
-    flags, blob = payload
+def _distribute(state, msg):
+    flags, blob = msg.flags, msg.blob
     t0 = time.monotonic()
     state._importer.join()
     import pytensor
@@ -123,54 +110,57 @@ def _distribute(state, payload):
                  len(state.cores), len(state.shareds), time.monotonic() - t0)
 
 
-def _call(state, payload):
-    fn_id, scattered, bcast, share_sel, subset, num_slices, weighted = payload
+def _call(state, msg):
     view = state.cache.view
-    core = state.cores[fn_id]
-    args = ([(view(ref), sel) for ref, sel in scattered], [view(ref) for ref in bcast],
-            share_sel, subset, num_slices)
-    specs = core.device_reduction(state.device, subset, num_slices)
+    core = state.cores[msg.function]
+    args = ([(view(ref), sel) for ref, sel in msg.scattered], [view(ref) for ref in msg.bcast],
+            msg.share_sel, msg.subset, msg.num_slices)
+    specs = device_reduction(core, state.device, msg.subset, msg.num_slices)
     if specs is not None:  # reduced into the master on the device: nothing to send
-        weight, had_rows, _ = core.run_reduced(state.device, specs, state.master_rank, weighted, *args)
+        weight, had_rows, _ = run_reduced(core, state.device, specs, state.master_rank, msg.weighted, *args)
         return weight, had_rows
-    weight, outputs = core.run_local(state.device, *args)
+    weight, outputs = run_local(core, state.device, *args)
     return weight, None if outputs is None else state.exchange.send(state.device.to_host(outputs))
 
 
-def _map_data(state, name):
-    state.cache.segment(name)
+def _map_data(state, msg):
+    state.cache.segment(msg.name)
 
 
-def _drop_data(state, name):
-    state.drop(name)
+def _drop_data(state, msg):
+    state.drop(msg.name)
 
 
-def _send_shareds(state, ids):
-    return state.exchange.send([state.device.get_value(state.shared(i)) for i in ids])
+def _send_shareds(state, msg):
+    return state.exchange.send([state.device.get_value(state.shared(i)) for i in msg.ids])
 
 
-def _set_shareds(state, items):
-    for ID, token, sel in items:
-        (value,) = receive([token], state.cache)
-        state.device.set_value(state.shared(ID), take_rows(value, sel))
+def _set_shareds(state, msg):
+    for item in msg.values:
+        (value,) = receive([item.value], state.cache)
+        state.device.set_value(state.shared(item.id), take_rows(value, item.rows))
 
 
-def _get_shapes(state, ids):
-    return [state.device.shape(state.shared(i)) for i in ids]
+def _get_shapes(state, msg):
+    return [state.device.shape(state.shared(i)) for i in msg.ids]
 
 
-def _nccl_init(state, uid):
-    state.device.init_comm(state.n_parallel, state.rank, uid)
+def _comm_init(state, msg):
+    state.device.init_comm(state.n_parallel, state.rank, msg.uid)
 
 
-def _nccl(state, payload):
-    op, ids, args = payload
-    return getattr(state.device, "nccl_" + op)([state.shared(i) for i in ids], *args)
+_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "gather", "all_gather")
 
 
-def _host_data(state, payload):
+def _collective(state, msg):
+    if msg.op not in _COLLECTIVES:
+        raise ValueError("unknown device collective %r" % (msg.op,))
+    return getattr(state.device, msg.op)([state.shared(i) for i in msg.ids], *msg.args)
+
+
+def _host_data(state, msg):
     """Take this host's copy of a Data segment from the master, over MPI."""
-    name, nbytes, used = payload
+    name, nbytes, used = msg.name, msg.nbytes, msg.used
     local = _shmem.host_copy_name(name, state.cluster.host)
     slot = _shmem.slot_of(local)
     seg = state.host_copies.get(slot)
@@ -183,14 +173,14 @@ def _host_data(state, payload):
     state.cluster.bcast_to_leaders(seg.array("u1", (used,)))
 
 
-def _sync(state, payload):
+def _sync(state, msg):
     state.device.synchronize(state.shareds or [])
 
 
 _HANDLERS = {
     Command.SYNC: _sync,
-    Command.NCCL_INIT: _nccl_init,
-    Command.NCCL: _nccl,
+    Command.COMM_INIT: _comm_init,
+    Command.COLLECTIVE: _collective,
     Command.DISTRIBUTE: _distribute,
     Command.CALL: _call,
     Command.MAP_DATA: _map_data,
@@ -200,39 +190,6 @@ _HANDLERS = {
     Command.GET_SHAPES: _get_shapes,
     Command.HOST_DATA: _host_data,
 }
-
-
-class _Faults:
-    """Injected faults for this rank (see the module docstring)."""
-
-    _ACTIONS = ("hang", "raise", "crash")
-
-    def __init__(self, text, rank):
-        self._plan = {}  # command -> (nth, action)
-        self._seen = {}
-        for item in filter(None, (text or "").split(";")):
-            r, cmd, nth, act = item.split(":")
-            if int(r) == rank:
-                if act not in self._ACTIONS:
-                    raise ValueError("%s: unknown action %r in %r" % (FAULT_ENV, act, item))
-                self._plan[Command[cmd.upper()]] = (int(nth), act)
-
-    def __bool__(self):
-        return bool(self._plan)
-
-    def before(self, cmd):
-        if cmd not in self._plan:
-            return
-        self._seen[cmd] = n = self._seen.get(cmd, 0) + 1
-        nth, act = self._plan[cmd]
-        if n != nth:
-            return
-        if act == "hang":
-            while True:
-                time.sleep(3600)
-        if act == "crash":
-            os.kill(os.getpid(), signal.SIGSEGV)
-        raise RuntimeError("fault injected by %s into %s #%d" % (FAULT_ENV, cmd.name.lower(), n))
 
 
 def _serve(channel, state, faults):
@@ -247,7 +204,7 @@ def _serve(channel, state, faults):
         for name in drops:
             state.drop(name)
         if cmd == Command.EXIT:
-            return bool(payload)
+            return bool(payload.failed)
         try:
             if faults:
                 faults.before(Command(cmd))
@@ -298,7 +255,7 @@ def _run(config, conn, cluster=None, prepare=None):
     rank, token, tmpdir = config["rank"], config["token"], config["tmpdir"]
     _log.set_level(config["log_level"])  # the master's, which may differ from SYNKHRONOS_LOG_LEVEL
     stack_file = _stacks.enable(tmpdir, rank)
-    faults = _Faults(os.environ.get(FAULT_ENV), rank)
+    faults = Faults(os.environ.get(FAULT_ENV), rank)
     try:
         if prepare is not None:
             prepare()
@@ -371,9 +328,7 @@ def main():
 
 def _use_node_gpu(precision, cluster):
     """See only the GPU at this rank's position among the ranks of its node."""
-    from ._devices import gpu
-
-    device = gpu.GpuDevice(precision=precision)
+    device = select_device(True, precision)
     device.one_node = cluster.one_node(cluster.size)
     if cluster.node_index >= len(device.gpu_ids):
         raise RuntimeError("MPI rank %d is rank %d on node %s, which has only %d visible GPUs: launch at "

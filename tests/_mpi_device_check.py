@@ -11,7 +11,7 @@ import numpy as np
 import pytensor
 from mpi4py import MPI
 
-from synkhronos import _mpi
+from synkhronos import _wait
 from synkhronos._devices.cpu_mpi import MpiCpuDevice
 from synkhronos._reduce import reduce_values
 
@@ -76,12 +76,12 @@ def main():
             dev.check_collective(vs)
             if rank == 1 and op == "avg":
                 time.sleep(0.05)  # rank 0 waits > 1 ms: its hook must run
-            dev.nccl_all_reduce(vs, op, SHAPES)
+            dev.all_reduce(vs, op, SHAPES)
             for v, s in zip(vs, SHAPES):
                 check("all_reduce %s %s %s" % (op, dtype, s), v.get_value(), reduced(op, n, s, dtype, salt))
             for root, in_place in ((1, False), (2, True)):
                 vs = shareds(rank, SHAPES, dtype, salt)
-                out = dev.nccl_reduce(vs, op, root, in_place, SHAPES)
+                out = dev.reduce(vs, op, root, in_place, SHAPES)
                 for k, (v, s) in enumerate(zip(vs, SHAPES)):
                     want = reduced(op, n, s, dtype, salt)
                     what = "reduce %s %s %s root %d in_place %s" % (op, dtype, s, root, in_place)
@@ -95,7 +95,7 @@ def main():
                     check("reduce %s returns" % op, len(out), 0)
 
         vs = shareds(rank, SHAPES, dtype, salt=7)
-        dev.nccl_broadcast(vs, 2, SHAPES)
+        dev.broadcast(vs, 2, SHAPES)
         for v, s in zip(vs, SHAPES):
             check("broadcast %s %s" % (dtype, s), v.get_value(), value(2, s, dtype, 7))
 
@@ -103,7 +103,7 @@ def main():
         cases = ([(r * 2, 3) for r in range(n)], [(2, 2)] * n, [(r + 1,) * (r + 1) for r in range(n)])
         for per_rank in cases:
             v = pytensor.shared(value(rank, per_rank[rank], dtype, 3))
-            out = dev.nccl_gather([v], 0, [per_rank])
+            out = dev.gather([v], 0, [per_rank])
             if rank == 0:
                 for r in range(n):
                     want = value(r, per_rank[r], dtype, 3)
@@ -111,7 +111,7 @@ def main():
             else:
                 check("gather returns", len(out), 0)
             if len({s[1:] for s in per_rank}) == 1:
-                dev.nccl_all_gather([v], [per_rank])
+                dev.all_gather([v], [per_rank])
                 want = np.concatenate([value(r, per_rank[r], dtype, 3) for r in range(n)])
                 check("all_gather %s %s" % (dtype, per_rank), v.get_value(), want)
 
@@ -120,7 +120,7 @@ def main():
     vs = shareds(rank, SHAPES, "float64")
     if rank == 1:
         vs[0].set_value(np.zeros((2, 2)))
-    call = lambda: dev.nccl_all_reduce(vs, "sum", SHAPES)  # noqa: E731
+    call = lambda: dev.all_reduce(vs, "sum", SHAPES)  # noqa: E731
     if rank == 1:
         msg = expect("all_reduce of a wrong shape", ValueError, call)
         if msg is not None and "(2, 2)" not in msg:
@@ -133,7 +133,7 @@ def main():
     check("all_reduce beside a wrong shape, 0-d", vs[1].get_value(), reduced("sum", n, (), "float64"))
     v = pytensor.shared(value(rank, (1, 2), "int32"))
     per_rank = [(1, 2)] * n
-    call = lambda: dev.nccl_all_gather([v], [per_rank])  # noqa: E731
+    call = lambda: dev.all_gather([v], [per_rank])  # noqa: E731
     if rank == 2:
         v.set_value(np.zeros((3, 1), dtype="int32"))
         expect("all_gather of a wrong shape", ValueError, call)
@@ -147,9 +147,9 @@ def main():
     v = pytensor.shared(value(rank, (2,), "float32"))
     if rank == 0:
         v.container.storage[0] = np.ones(2, dtype="float64")
-        expect("broadcast of a wrong dtype", ValueError, lambda: dev.nccl_broadcast([v], 0, [(2,)]))
+        expect("broadcast of a wrong dtype", ValueError, lambda: dev.broadcast([v], 0, [(2,)]))
     else:
-        dev.nccl_broadcast([v], 0, [(2,)])
+        dev.broadcast([v], 0, [(2,)])
         check("broadcast from a wrong dtype", v.get_value(), np.zeros(2, "float32"))
 
     # Dtypes MPI cannot move or reduce: refused on every rank before anything is posted.
@@ -158,8 +158,8 @@ def main():
     c = pytensor.shared(np.ones(2, dtype="complex128"))
     expect("check_collective of a datetime", TypeError,
            lambda: dev.check_collective([type("V", (), {"dtype": "datetime64[s]"})()]))
-    expect("max of complex", TypeError, lambda: dev.nccl_all_reduce([c], "max", [(2,)]))
-    dev.nccl_all_reduce([c], "sum", [(2,)])
+    expect("max of complex", TypeError, lambda: dev.all_reduce([c], "max", [(2,)]))
+    dev.all_reduce([c], "sum", [(2,)])
     check("complex sum", c.get_value(), np.full(2, n, dtype="complex128"))
 
     # A hook that raises (the master saw a worker die) breaks off the wait; the
@@ -173,14 +173,14 @@ def main():
             raise KeyboardInterrupt
 
         dev.wait_hook, counting = hook, dev.wait_hook
-        expect("a raising wait hook", KeyboardInterrupt, lambda: dev.nccl_all_reduce([v], "sum", [(3,)]))
+        expect("a raising wait hook", KeyboardInterrupt, lambda: dev.all_reduce([v], "sum", [(3,)]))
         dev.wait_hook = counting
-        if len(_mpi._ABANDONED) != 1:
-            failures.append("abandoned requests not kept: %r" % (_mpi._ABANDONED,))
+        if len(_wait._ABANDONED) != 1:
+            failures.append("abandoned requests not kept: %r" % (_wait._ABANDONED,))
         else:
-            MPI.Request.Waitall(_mpi._ABANDONED.pop())
+            MPI.Request.Waitall(_wait._ABANDONED.pop())
     else:
-        dev.nccl_all_reduce([v], "sum", [(3,)])
+        dev.all_reduce([v], "sum", [(3,)])
         check("all_reduce beside a broken-off wait", v.get_value(),
               reduced("sum", n, (3,), "float64"))
 

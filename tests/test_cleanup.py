@@ -27,7 +27,7 @@ from _procs import segments as _segments  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
-from synkhronos._worker import FAULT_ENV  # noqa: E402
+from synkhronos._faults import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 START_S = 120.0  # for a script to get its session going (noisy, shared machine)
@@ -180,7 +180,7 @@ def test_free_memory_releases_segment_everywhere(fresh):
     synk.distribute()
     d = synk.data(np.ones(100000, dtype=F32))
     assert float(f(d)) == 100000
-    name = d._seg.name.lstrip("/")
+    name = d._memory.segment.name.lstrip("/")
     token, workers = _session_ids()
     worker_pid = workers[1][0]
     assert [m for m in _shm_maps(worker_pid) if name in m]
@@ -197,7 +197,7 @@ def test_dropped_data_is_released_in_workers(fresh):
     synk.distribute()
     d = synk.data(np.ones(1000000, dtype=F32))  # 4 MB
     assert float(f(d)) == 1000000
-    name = d._seg.name.lstrip("/")
+    name = d._memory.segment.name.lstrip("/")
     _, workers = _session_ids()
     worker_pid = workers[1][0]
     del d

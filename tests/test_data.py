@@ -48,9 +48,9 @@ def test_set_value_oversize_and_reuse(fsum):
     big = np.ones((100, 4), dtype="float32")
     d.set_value(big, oversize=1.5)
     assert d.shape == (100, 4) and d.alloc_size == 600
-    seg = d._seg.name
+    seg = d._memory.segment.name
     d.set_value(np.ones((120, 4), dtype="float32"))  # fits: no reallocation
-    assert d._seg.name == seg and d.alloc_size == 600 and len(d) == 120
+    assert d._memory.segment.name == seg and d.alloc_size == 600 and len(d) == 120
     d.set_value(np.ones((10, 4), dtype="float32"))
     assert d.alloc_size == 600  # shrinking keeps the allocation
     d.free_memory()

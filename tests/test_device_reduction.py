@@ -11,8 +11,9 @@ import pytest
 
 from synkhronos._core import FunctionCore
 from synkhronos._devices import cpu, gpu
-from synkhronos._function import Function
 from synkhronos._reduce import identity
+from synkhronos._results import take_reduced
+from synkhronos._run import device_reduction
 
 REDUCING = types.SimpleNamespace(reduces_outputs=True, reduce_dtypes=gpu.GpuDevice.reduce_dtypes)
 
@@ -27,7 +28,7 @@ def test_static_shapes_with_modes_are_reduced_on_the_device():
     x = pt.matrix("x", dtype="float32")
     z = x.dot(w)
     core = _core([z.sum(axis=0), z.max(), x.shape[0], z], ["avg", "max", "sum", None])
-    assert core.device_reduction(REDUCING, (0, 1, 2), 1) == [
+    assert device_reduction(core, REDUCING, (0, 1, 2), 1) == [
         ((3,), "float32", "avg"), ((), "float32", "max"), ((), "int64", "sum")]
 
 
@@ -51,13 +52,13 @@ def test_other_outputs_go_through_the_host(why):
         device = cpu.CpuDevice()
     else:
         subset = ()
-    assert _core([out], [mode]).device_reduction(device, subset, slices) is None
+    assert device_reduction(_core([out], [mode]), device, subset, slices) is None
 
 
 def test_one_host_output_sends_the_whole_call_through_the_host():
     x = pt.matrix("x", dtype="float32")
-    assert _core([x.sum(), x.sum(axis=1)], ["sum", None]).device_reduction(REDUCING, (0, 1), 1) is None
-    assert _core([x.sum(), x.sum(axis=1)], ["sum", None]).device_reduction(REDUCING, (0,), 1) is not None
+    assert device_reduction(_core([x.sum(), x.sum(axis=1)], ["sum", None]), REDUCING, (0, 1), 1) is None
+    assert device_reduction(_core([x.sum(), x.sum(axis=1)], ["sum", None]), REDUCING, (0,), 1) is not None
 
 
 @pytest.mark.parametrize("mode, dtype, expect", [
@@ -85,7 +86,7 @@ def test_master_divides_avg_by_the_rows_of_ranks_that_had_rows():
     rt = types.SimpleNamespace(device=_Taking([np.float32(12.0), np.int64(9)]))
     specs = [((), "float32", "avg"), ((), "int64", "sum")]
     # master 3 rows; worker 1 had 2 rows; worker 2 had none (its weight must not count)
-    got = Function._take_reduced(rt, specs, (3, True, "handle"), {1: (2, True), 2: (7, False)})
+    got = take_reduced(rt.device, specs, (3, True, "handle"), {1: (2, True), 2: (7, False)})
     assert got[0] == pytest.approx(12.0 / 5) and got[0].dtype == np.float32
     assert got[1] == 9
 
@@ -93,7 +94,7 @@ def test_master_divides_avg_by_the_rows_of_ranks_that_had_rows():
 def test_no_rows_anywhere_is_an_error():
     rt = types.SimpleNamespace(device=_Taking([0.0]))
     with pytest.raises(ValueError, match="selected no rows on any rank"):
-        Function._take_reduced(rt, [((), "float32", "avg")], (0, False, "handle"), {1: (0, False)})
+        take_reduced(rt.device, [((), "float32", "avg")], (0, False, "handle"), {1: (0, False)})
 
 
 def test_gpu_ranks_reduce_outputs_only_when_there_are_several():
@@ -109,6 +110,6 @@ def test_unweighted_avg_is_divided_by_the_ranks_that_had_rows():
     # Equal rows everywhere: ranks send their outputs as they are (no kernel to weight them).
     rt = types.SimpleNamespace(device=_Taking([np.float32(12.0), np.int64(9)]))
     specs = [((), "float32", "avg"), ((), "int64", "sum")]
-    got = Function._take_reduced(rt, specs, (4, True, "handle"), {1: (4, True), 2: (4, True)}, weighted=False)
+    got = take_reduced(rt.device, specs, (4, True, "handle"), {1: (4, True), 2: (4, True)}, weighted=False)
     assert got[0] == pytest.approx(12.0 / 3) and got[0].dtype == np.float32
     assert got[1] == 9

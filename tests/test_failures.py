@@ -622,11 +622,11 @@ FUNCTION_CASES = [
 @pytest.mark.parametrize("call, exc, match", [c[1:] for c in FUNCTION_CASES],
                          ids=[c[0] for c in FUNCTION_CASES])
 def test_function_malformed(forked, call, exc, match):
-    n = len(forked.rt.functions)
+    n = len(forked.rt.registry.functions)
     with pytest.raises(exc, match=match):
         call(forked)
     assert forked.alive()
-    assert len(forked.rt.functions) == n  # nothing half-registered
+    assert len(forked.rt.registry.functions) == n  # nothing half-registered
 
 
 CALL_CASES = [

@@ -26,7 +26,7 @@ from _procs import Leftovers, our_segments, our_tmpdirs  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
-from synkhronos._worker import FAULT_ENV  # noqa: E402
+from synkhronos._faults import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 HANG_GUARD_S = 30  # fork(timeout=...) in these tests: a real hang becomes a StallError

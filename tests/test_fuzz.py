@@ -139,11 +139,12 @@ def test_fuzz_public_api(request):
         synk.fork(N_RANKS, use_gpu=False, timeout=HANG_S)
         v = build_functions()
         # Before distribute(): calls that need it; malformed function() arguments.
-        n_functions = len(_runtime.current().functions)
+        n_functions = len(_runtime.current().registry.functions)
         for case in forked_cases(rng, v, None, max(20, n_target // 20)):
             n_malformed += 1
             _run(case, tally, failures)
-        assert len(_runtime.current().functions) == n_functions, "a malformed function() was registered"
+        registered = len(_runtime.current().registry.functions)
+        assert registered == n_functions, "a malformed function() was registered"
         synk.distribute()
         rt = _runtime.current()
         left = Leftovers(rt)

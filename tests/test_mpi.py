@@ -51,7 +51,7 @@ def test_an_error_on_another_host_reaches_the_master_and_the_session_goes_on():
     assert "CAUGHT" in out.stdout and "RuntimeError in worker rank 2" in out.stdout
 
 
-@pytest.mark.parametrize("where, fault", [("call", "2:call:2:crash"), ("nccl", "2:nccl:1:crash")])
+@pytest.mark.parametrize("where, fault", [("call", "2:call:2:crash"), ("collective", "2:collective:1:crash")])
 def test_a_dead_rank_on_another_host_raises_in_the_master(where, fault):
     """``--enable-recovery``: Open MPI's launcher lets the other ranks run on."""
     before = _segments()

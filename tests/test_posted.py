@@ -20,8 +20,8 @@ import pytest  # noqa: E402
 from _procs import segments  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _collectives, _runtime  # noqa: E402
-from synkhronos._protocol import Command  # noqa: E402
+from synkhronos import _dispatch, _runtime, _transfer  # noqa: E402
+from synkhronos._protocol import GetShapes  # noqa: E402
 
 F32 = "float32"
 BAD_ID = 999  # no such shared variable: GET_SHAPES raises IndexError in a worker
@@ -49,7 +49,7 @@ def _wait_for_replies(rt, ranks):
 
 def test_post_returns_before_replies_and_failure_comes_at_next_request(session):
     rt, s, f = session
-    rt.post(Command.GET_SHAPES, [BAD_ID])
+    rt.dispatcher.post(GetShapes([BAD_ID]))
     assert all(len(w.owed) == 1 for w in rt.workers.values())
     with pytest.raises(synk.WorkerError) as info:
         synk.get_shapes(s)
@@ -65,7 +65,7 @@ def test_post_returns_before_replies_and_failure_comes_at_next_request(session):
 
 def test_synchronize_raises_a_posted_failure_then_succeeds(session):
     rt, s, _ = session
-    rt.post(Command.GET_SHAPES, [BAD_ID], ranks=[2])
+    rt.dispatcher.post(GetShapes([BAD_ID]), ranks=[2])
     with pytest.raises(synk.WorkerError, match="rank 2"):
         synk.synchronize()
     assert synk.synchronize() is None
@@ -75,10 +75,10 @@ def test_synchronize_raises_a_posted_failure_then_succeeds(session):
 def test_many_posted_commands_stay_in_step(session):
     rt, s, _ = session
     most = 0
-    for _ in range(3 * _runtime._MAX_OWED):
-        rt.post(Command.GET_SHAPES, [0])
+    for _ in range(3 * _dispatch._MAX_OWED):
+        rt.dispatcher.post(GetShapes([0]))
         most = max(most, max(len(w.owed) for w in rt.workers.values()))
-    assert most == _runtime._MAX_OWED  # post() reads old replies instead of letting them pile up
+    assert most == _dispatch._MAX_OWED  # post() reads old replies instead of letting them pile up
     synk.set_value(1, s, np.arange(7, dtype=F32))
     assert synk.get_shapes(s) == [(4,), (7,), (4,)]
 
@@ -86,10 +86,10 @@ def test_many_posted_commands_stay_in_step(session):
 def test_check_posted_raises_a_failure_that_arrived_and_closes(session):
     rt, _, _ = session
     token = rt.token
-    rt.post(Command.GET_SHAPES, [BAD_ID])
+    rt.dispatcher.post(GetShapes([BAD_ID]))
     _wait_for_replies(rt, rt.worker_ranks)
     with pytest.raises(synk.WorkerError, match="IndexError in worker rank 1"):
-        rt.check_posted()
+        rt.dispatcher.check_posted()
     # A failure while the master waits on its device may leave the devices stuck
     # in a collective: the session is closed.
     assert rt.closed and _runtime.current() is None
@@ -98,9 +98,9 @@ def test_check_posted_raises_a_failure_that_arrived_and_closes(session):
 
 def test_check_posted_reads_successes_without_waiting(session):
     rt, s, _ = session
-    rt.post(Command.GET_SHAPES, [0])
+    rt.dispatcher.post(GetShapes([0]))
     _wait_for_replies(rt, rt.worker_ranks)
-    rt.check_posted()
+    rt.dispatcher.check_posted()
     assert all(not w.owed for w in rt.workers.values())
     assert not rt.closed
 
@@ -112,13 +112,13 @@ def test_failure_in_masters_part_of_a_post_closes_the_session(session):
         raise MemoryError("no room for the master's buffer")
 
     with pytest.raises(MemoryError, match="no room"):
-        rt.post(Command.GET_SHAPES, [0], local=local)
+        rt.dispatcher.post(GetShapes([0]), local=local)
     assert rt.closed and _runtime.current() is None
 
 
 def test_dead_worker_with_replies_owed(session):
     rt, s, _ = session
-    rt.post(Command.GET_SHAPES, [0])
+    rt.dispatcher.post(GetShapes([0]))
     rt.workers[2].process.kill()
     rt.workers[2].process.wait()
     with pytest.raises(synk.WorkerError) as info:
@@ -137,20 +137,20 @@ def test_synchronize_needs_a_session():
 
 
 def _table(rt, var):
-    return _collectives._shape_table(rt, [var], [rt.shared_id(var)])[0]
+    return _transfer.shape_table(rt, [var], [rt.registry.shared_id(var)])[0]
 
 
 def _shapes_asked(rt, monkeypatch):
     """Count the GET_SHAPES round trips from now on."""
     asked = []
-    real = rt.request
+    real = rt.dispatcher.request
 
-    def counting(cmd, *args, **kwargs):
-        if cmd == Command.GET_SHAPES:
-            asked.append(cmd)
-        return real(cmd, *args, **kwargs)
+    def counting(message, *args, **kwargs):
+        if isinstance(message, GetShapes):
+            asked.append(message)
+        return real(message, *args, **kwargs)
 
-    monkeypatch.setattr(rt, "request", counting)
+    monkeypatch.setattr(rt.dispatcher, "request", counting)
     return asked
 
 

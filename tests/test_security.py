@@ -75,7 +75,7 @@ def test_a_segment_made_by_someone_else_is_never_used(session):
     """Segments are created with O_CREAT | O_EXCL: if the name exists (another
     user made it first), Synkhronos refuses instead of using that memory."""
     rt, _ = session
-    name = _shmem.segment_name(rt.token, "d%d" % rt.next_data_id, 1)
+    name = _shmem.segment_name(rt.token, "d%d" % rt.registry._next_data_id, 1)
     planted = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=4096)
     try:
         with pytest.raises(FileExistsError, match="already exists"):

@@ -19,8 +19,8 @@ from _sleepy import sleepy  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
-from synkhronos._protocol import Command  # noqa: E402
-from synkhronos._worker import FAULT_ENV  # noqa: E402
+from synkhronos._faults import FAULT_ENV  # noqa: E402
+from synkhronos._protocol import GetShapes  # noqa: E402
 
 F32 = "float32"
 TIMEOUT = 2.0
@@ -136,14 +136,14 @@ def test_posted_command_that_stalls(fresh, monkeypatch):
     the timeout too: both when the master settles them and while it waits on its
     device (``check_posted``)."""
     rt, left = _posted_session(monkeypatch, 3, "2:get_shapes:1:hang")
-    rt.action = "a posted collective"
-    rt.post(Command.GET_SHAPES, [0])
-    rt.action = None
-    rt.check_posted()  # before the timeout: nothing to say
+    rt.dispatcher.action = "a posted collective"
+    rt.dispatcher.post(GetShapes([0]))
+    rt.dispatcher.action = None
+    rt.dispatcher.check_posted()  # before the timeout: nothing to say
     assert not rt.closed
     time.sleep(TIMEOUT)
     with pytest.raises(synk.StallError) as info:
-        rt.check_posted()
+        rt.dispatcher.check_posted()
     assert info.value.ranks == [2] and info.value.command == "a posted collective"
     assert "in before" in info.value.stacks[2]
     left.assert_gone()
@@ -151,7 +151,7 @@ def test_posted_command_that_stalls(fresh, monkeypatch):
 
 def test_posted_stall_is_raised_when_settling(fresh, monkeypatch):
     rt, left = _posted_session(monkeypatch, 2, "1:get_shapes:1:hang")
-    rt.post(Command.GET_SHAPES, [0])
+    rt.dispatcher.post(GetShapes([0]))
     t0 = time.monotonic()
     with pytest.raises(synk.StallError, match="did not answer get_shapes"):
         synk.synchronize()

@@ -163,17 +163,15 @@ def main(argv=None):
     if args.child is not None:
         print("RESULT " + json.dumps(measure(args, args.child)))
         return None
-    from synkhronos._mpi import launched
+    import synkhronos as synk
 
-    if launched():  # under mpirun: every rank runs this one setting (rank 0 returns from fork)
+    if synk.mpi_launched():  # under mpirun: every rank runs this one setting (rank 0 returns from fork)
         run = measure(args, args.gpus)
         print("Summary: ResNet blocks %s on %d MPI ranks: %.1f images/s"
               % (args.blocks, run["ranks"], run["median"]))
         return {run["ranks"]: run["median"]}
     if args.gpus is None:
-        from synkhronos._devices.gpu import visible_gpus
-
-        args.gpus = 2 if args.cpu else max(1, len(visible_gpus()))
+        args.gpus = 2 if args.cpu else max(1, len(synk.gpus()))
     runs = {}
     for n in sorted({1, args.gpus}):  # one process per setting: a fresh fork each
         cmd = [sys.executable, os.path.abspath(__file__), "--_child", str(n)] + (argv or sys.argv[1:])

@@ -5,6 +5,8 @@ import sys
 
 import numpy as np
 
+from ._base import Device
+
 __all__ = ["CpuDevice", "usable_cores"]
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -19,18 +21,14 @@ def usable_cores():
         return os.cpu_count() or 1
 
 
-class CpuDevice:
-    """Device layer for CPU worker processes."""
+class CpuDevice(Device):
+    """Device layer for CPU worker processes: a call's work is done when its
+    reply comes; function outputs are reduced in the master; collectives go
+    through shared memory.  ``precision`` 'tf32' computes in full float32 too;
+    'bf16' is emulated (``synkhronos._mixed``)."""
 
     name = "cpu"
     label = "CPU cores"
-    nccl = False
-    queued = False  # a call's work is done when its reply comes
-    reduces_outputs = False  # function outputs are reduced in the master
-    reduce_dtypes = ()
-
-    def __init__(self, precision="highest"):
-        self.precision = precision  # full float32 for 'tf32' too; 'bf16' is emulated (synkhronos._mixed)
 
     @property
     def status(self):
@@ -63,19 +61,6 @@ class CpuDevice:
 
     def setup_master(self, rank):
         """Nothing to set up: the master keeps its own threads."""
-
-    def function_kwargs(self, kwargs):
-        """PyTensor's default (CPU) linker, unless the user chose a mode."""
-        return kwargs
-
-    def place_shareds(self, shareds):
-        """Shared values stay where PyTensor keeps them."""
-
-    def close(self, abort=False):
-        """Nothing to release."""
-
-    def synchronize(self, shareds):
-        """Nothing runs asynchronously on CPU workers."""
 
     @staticmethod
     def to_host(values):

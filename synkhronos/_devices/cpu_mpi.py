@@ -1,6 +1,6 @@
 """CPU workers on several hosts, launched by ``mpirun``: functions run as on
 ``CpuDevice``; collectives on shared variables are MPI collectives on numpy
-buffers (nothing pickled), behind ``GpuDevice``'s ``nccl_*`` API.
+buffers (nothing pickled): the device collectives of ``_base.Device``.
 
 Each call posts one nonblocking collective per variable, in the same order on
 every rank (as MPI requires), then waits once.  A rank whose value differs from
@@ -12,6 +12,7 @@ must not start MPI.
 import numpy as np
 
 from .._reduce import truncated_divide
+from .._wait import wait_requests
 from .cpu import CpuDevice
 
 __all__ = ["MpiCpuDevice"]
@@ -67,12 +68,7 @@ class MpiCpuDevice(CpuDevice):
         As for ``CpuDevice``.
     """
 
-    name = "cpu"
-    label = "CPU cores"
-    nccl = True  # the runtime routes collectives to the nccl_* methods
-    queued = False  # a collective's results are in place when it returns
-    reduces_outputs = False  # function outputs are reduced in the master
-    reduce_dtypes = ()
+    has_collectives = True  # collectives run over MPI; their results are in place when they return
 
     def __init__(self, comm_factory=None, precision="highest"):
         super().__init__(precision=precision)
@@ -80,7 +76,6 @@ class MpiCpuDevice(CpuDevice):
         self._comm = None
         self.n_parallel = None
         self.rank = None
-        self.wait_hook = None  # called while the master waits on MPI
 
     @staticmethod
     def new_uid():
@@ -145,9 +140,7 @@ class MpiCpuDevice(CpuDevice):
     def _wait(self, requests):
         """Wait for MPI ``requests``; the master keeps checking the workers'
         replies meanwhile (``wait_hook``), so a worker's failure does not hang it."""
-        from .._mpi import wait_all
-
-        wait_all(requests, self.wait_hook)
+        wait_requests(requests, self.wait_hook)
 
     @staticmethod
     def _raise(problems):
@@ -213,7 +206,7 @@ class MpiCpuDevice(CpuDevice):
                         out.astype(var.dtype, copy=False), real) for var, x, out, real in outputs]
         return [(var, out, real) for var, _, out, real in outputs], problems
 
-    def nccl_all_reduce(self, variables, op, shapes):
+    def all_reduce(self, variables, op, shapes):
         """Every rank's variables become their reduction under ``op`` over all ranks.
 
         Parameters
@@ -237,8 +230,8 @@ class MpiCpuDevice(CpuDevice):
                 self._take(var, result)
         self._raise(problems)
 
-    def nccl_reduce(self, variables, op, root, in_place, shapes):
-        """Reduce into ``root`` (see ``nccl_all_reduce``).
+    def reduce(self, variables, op, root, in_place, shapes):
+        """Reduce into ``root`` (see ``all_reduce``).
 
         Returns
         -------
@@ -254,7 +247,7 @@ class MpiCpuDevice(CpuDevice):
         self._raise(problems)
         return [r for _, r, _ in results] if self.rank == root and not in_place else []
 
-    def nccl_broadcast(self, variables, root, shapes):
+    def broadcast(self, variables, root, shapes):
         """Every rank takes ``root``'s values (of ``shapes``); ValueError on
         ``root`` if its own value differs (the others then receive zeros)."""
         problems, requests, bufs = [], [], []
@@ -294,8 +287,8 @@ class MpiCpuDevice(CpuDevice):
         self._wait(requests)
         return [(var, parts, real) for var, _, parts, real in outputs], problems
 
-    def nccl_gather(self, variables, root, shapes):
-        """Gather every rank's value into ``root``; ValueError as ``nccl_all_reduce``.
+    def gather(self, variables, root, shapes):
+        """Gather every rank's value into ``root``; ValueError as ``all_reduce``.
 
         Parameters
         ----------
@@ -311,9 +304,9 @@ class MpiCpuDevice(CpuDevice):
         self._raise(problems)
         return [parts for _, parts, _ in results] if self.rank == root else []
 
-    def nccl_all_gather(self, variables, shapes):
+    def all_gather(self, variables, shapes):
         """Every rank's value becomes the concatenation (axis 0) of all ranks'
-        values, in rank order (see ``nccl_gather``; on a ValueError here the
+        values, in rank order (see ``gather``; on a ValueError here the
         other variables are still set)."""
         results, problems = self._gatherv(variables, shapes, None)
         for var, parts, real in results:

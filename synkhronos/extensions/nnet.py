@@ -18,7 +18,6 @@ Theano and cuDNN.  Grouped convolution (``groups``, as PyTorch's and JAX's
 Average pooling counts padding as zeros.
 """
 
-import os
 import zlib
 from importlib.util import find_spec
 from numbers import Integral
@@ -31,8 +30,10 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_default_op_cache_key
 
+from . import _nnet_jax
 from . import _nnet_kernels as numpy_kernels
 from . import _nnet_numba as numba_kernels
+from ._nnet_jax import LAYOUT_ENV, jax_conv_layout  # noqa: F401  (public here)
 from ._nnet_kernels import conv_out_size
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "batch_norm", "log_softmax", "softmax_cross_entropy",
@@ -58,6 +59,7 @@ def _as4d(x, argname):
 
 class _ConvBase(Op):
     __props__ = ("stride", "padding", "dilation", "groups")
+    bf16_product = True  # fork(precision="bf16") computes it in bfloat16 (see the docs' Precision)
 
     def __init__(self, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
         self.stride = tuple(stride)
@@ -351,88 +353,5 @@ def _numba_pool2d_grad(op, node=None, **kwargs):
     return pool2d_grad_numba, _KERNELS_VERSION
 
 
-# -------------------------------------------------------------------------- JAX
-LAYOUT_ENV = "SYNKHRONOS_CONV_LAYOUT"
-_LAYOUTS = ("NCHW", "NHWC")
-
-
-def jax_conv_layout():
-    """The layout the JAX convolution hands to XLA: ``$SYNKHRONOS_CONV_LAYOUT``,
-    ``NCHW`` (default: the graph's own) or ``NHWC`` (images transposed to
-    channels-last and filters to HWIO around each convolution).  Read when a
-    function is compiled; workers inherit the master's environment.
-
-    Raises
-    ------
-    ValueError
-        If the variable holds another value.
-    """
-    text = os.environ.get(LAYOUT_ENV, "").strip().upper() or "NCHW"
-    if text not in _LAYOUTS:
-        raise ValueError("%s must be one of %s, got %r" % (LAYOUT_ENV, ", ".join(_LAYOUTS),
-                                                          os.environ[LAYOUT_ENV]))
-    return text
-
-
-def _register_jax():
-    import jax
-    import jax.numpy as jnp
-    from pytensor.link.jax.dispatch import jax_funcify
-
-    def conv(op):
-        (sh, sw), (ph, pw), (dh, dw) = op.stride, op.padding, op.dilation
-
-        def nchw(x, w):
-            return jax.lax.conv_general_dilated(
-                x, w, window_strides=(sh, sw), padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
-                dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=op.groups)
-
-        def nhwc(x, w):
-            y = jax.lax.conv_general_dilated(
-                x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0), window_strides=(sh, sw),
-                padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
-                dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=op.groups)
-            return y.transpose(0, 3, 1, 2)
-
-        return nhwc if jax_conv_layout() == "NHWC" else nchw
-
-    def pool(op):
-        (kh, kw), (sh, sw), (ph, pw) = op.ws, op.stride, op.padding
-        pads = ((0, 0), (0, 0), (ph, ph), (pw, pw))
-
-        def f(x):
-            # Literal identities select JAX's differentiable max/sum window reductions.
-            if op.mode == "max":
-                return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, kh, kw), (1, 1, sh, sw), pads)
-            total = jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 1, kh, kw), (1, 1, sh, sw), pads)
-            return total / (kh * kw)
-        return f
-
-    @jax_funcify.register(Conv2d)
-    def _jax_conv2d(op, **kwargs):
-        return conv(op)
-
-    # A cotangent may come in another dtype than the forward output (say float64
-    # from a float64 loss over float32 features); JAX's vjp needs the output's.
-    @jax_funcify.register(Conv2dGradInput)
-    def _jax_conv2d_grad_input(op, **kwargs):
-        fwd = conv(op)
-        return lambda x, w, gy: jax.vjp(lambda xx: fwd(xx, w), x)[1](gy.astype(jnp.result_type(x, w)))[0]
-
-    @jax_funcify.register(Conv2dGradWeight)
-    def _jax_conv2d_grad_weight(op, **kwargs):
-        fwd = conv(op)
-        return lambda x, w, gy: jax.vjp(lambda ww: fwd(x, ww), w)[1](gy.astype(jnp.result_type(x, w)))[0]
-
-    @jax_funcify.register(Pool2d)
-    def _jax_pool2d(op, **kwargs):
-        return pool(op)
-
-    @jax_funcify.register(Pool2dGrad)
-    def _jax_pool2d_grad(op, **kwargs):
-        fwd = pool(op)
-        return lambda x, gy: jax.vjp(fwd, x)[1](gy.astype(x.dtype))[0]
-
-
 if find_spec("jax") is not None:
-    _register_jax()
+    _nnet_jax.register(Conv2d, Conv2dGradInput, Conv2dGradWeight, Pool2d, Pool2dGrad)

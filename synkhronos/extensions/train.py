@@ -17,7 +17,8 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 
-from .. import _collectives, _function, _runtime
+import synkhronos as synk
+
 from . import updates as _updates
 
 __all__ = ["make_train_step", "TrainStep"]
@@ -38,9 +39,9 @@ class TrainStep:
         self.grad_fn(*args, batch=batch, num_slices=num_slices, **kwargs)
         # The small vector first: the loss is then ready while the gradient's
         # all-reduce and the update still keep the GPUs busy.
-        _collectives.all_reduce([self._stats, self.grad_shared], op="sum")
+        synk.all_reduce([self._stats, self.grad_shared], op="sum")
         stats = self._stats.get_value(borrow=True, return_internal_type=True)
-        if not _runtime.current().device.queued:
+        if synk.device_kind() != "gpu":  # (GPU ranks queue the update after this read)
             stats = np.array(stats)  # the update may reuse this memory
         self.update_fn()  # also clears the stats
         total, rows = np.asarray(stats)
@@ -99,12 +100,12 @@ def make_train_step(inputs, loss, params, rule=_updates.sgd, bcast_inputs=None, 
     rows = pt.cast((inputs or sliceable)[0].shape[0], fx)
     # Gradient and loss summed over rows (slices add up), so that ranks with more rows count more.
     summed = _updates.flat_gradient(loss, params) * rows
-    grad_fn = _function.function(inputs, bcast_inputs=bcast_inputs, sliceable_shareds=sliceable or None,
+    grad_fn = synk.function(inputs, bcast_inputs=bcast_inputs, sliceable_shareds=sliceable or None,
                                  updates=[(grad_shared, summed, "sum"),
                                           (stats, pt.stack([pt.cast(loss, fx) * rows, rows]), "sum")],
                                  name=name + " (gradient)", **kwargs)
     # The update also clears what the gradient function wrote: a rank that gets no rows
     # in the next step skips that function, and must add zeros, not this step's sums.
     clear = [(grad_shared, pt.zeros_like(grad_shared)), (stats, pt.zeros_like(stats))]
-    update_fn = _function.function([], updates=list(param_updates) + clear, name=name + " (update)", **kwargs)
+    update_fn = synk.function([], updates=list(param_updates) + clear, name=name + " (update)", **kwargs)
     return TrainStep(grad_fn, update_fn, grad_shared, stats)

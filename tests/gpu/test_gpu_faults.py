@@ -60,7 +60,7 @@ def test_stuck_worker_in_a_collective_is_a_stall(fresh, monkeypatch):
     """Rank 1 never joins the all-reduce; the master, which queued its part,
     reports a StallError naming the collective, and the NCCL communicators are
     aborted rather than left waiting."""
-    rt, s, _, _ = _session(monkeypatch, "1:nccl:1:hang")
+    rt, s, _, _ = _session(monkeypatch, "1:collective:1:hang")
     left = Leftovers(rt)
     t0 = time.monotonic()
     with pytest.raises(synk.StallError) as info:
@@ -87,7 +87,7 @@ def test_stuck_worker_in_a_call_is_a_stall(fresh, monkeypatch):
 
 
 def test_worker_killed_inside_a_collective(fresh, monkeypatch):
-    rt, s, _, _ = _session(monkeypatch, "1:nccl:1:hang")
+    rt, s, _, _ = _session(monkeypatch, "1:collective:1:hang")
     left = Leftovers(rt)
     pid = rt.workers[1].process.pid
     threading.Timer(1.0, lambda: os.kill(pid, signal.SIGKILL)).start()

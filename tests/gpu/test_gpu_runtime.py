@@ -218,7 +218,7 @@ def test_rank_with_unexpected_shape_takes_part_and_raises(gpu2):
     synk.distribute()
     synk.set_value(1, s, np.ones(32, dtype="float32"))
     rt = synk._runtime.current()
-    rt.shapes[rt.shared_id(s)] = [(64,), (64,)]  # stale on purpose
+    rt.registry.record_shapes(rt.registry.shared_id(s), [(64,), (64,)])  # stale on purpose
     synk.all_reduce(s, op="sum")  # queued; must not hang
     with pytest.raises(synk.WorkerError) as info:
         synk.synchronize()
@@ -334,7 +334,7 @@ def test_jax_importer_takes_the_fast_path_and_keeps_values():
     for the stream still writing them, and leave that hand-off to its own
     untimed event (or the caller's): CuPy is asked for none (its event is timed)."""
     code = ("import cupy, jax, jax.numpy as jnp, numpy as np\n"
-            "from synkhronos._devices._dlpack import jax_importer\n"
+            "from synkhronos._devices.gpu._dlpack import jax_importer\n"
             "imp = jax_importer()\n"
             "assert imp.__name__ == 'fast', 'fell back to the public import'\n"
             "s = cupy.cuda.Stream(non_blocking=True)\n"
@@ -359,7 +359,7 @@ def test_jax_importer_takes_the_fast_path_and_keeps_values():
             "    (late,) = imp([Spy(big)])\n"
             "assert asked == [-1], asked\n"
             "assert float(jnp.min(late)) == 30.0\n"
-            "from synkhronos._devices._dlpack import untimed_event\n"
+            "from synkhronos._devices.gpu._dlpack import untimed_event\n"
             "with s:\n"
             "    for _ in range(30):\n"
             "        big += 1\n"
@@ -373,7 +373,7 @@ def test_cupy_exporter_takes_the_direct_path_and_keeps_values():
     """The direct DLPack export must be in use on a supported JAX, and give a view
     of the same memory, read on the NCCL stream after XLA's write."""
     code = ("import cupy, jax.numpy as jnp\n"
-            "from synkhronos._devices._dlpack import cupy_exporter\n"
+            "from synkhronos._devices.gpu._dlpack import cupy_exporter\n"
             "s = cupy.cuda.Stream(non_blocking=True)\n"
             "exp = cupy_exporter(s)\n"
             "assert exp.__name__ == 'fast', 'fell back to cupy.from_dlpack'\n"
@@ -423,7 +423,7 @@ def test_queued_collectives_hold_bounded_memory(gpu2, monkeypatch):
     from synkhronos._devices import gpu
 
     # 256 MB all-reduces take longer on the GPU than to queue, so the host runs ahead.
-    monkeypatch.setattr(gpu, "_INFLIGHT_BYTES", 300 << 20)
+    monkeypatch.setattr(gpu._stream, "_INFLIGHT_BYTES", 300 << 20)
     size = 1 << 26
     s = pytensor.shared(np.ones(size, dtype="float32"), name="s", shape=(size,))
     synk.function([], outputs=s.sum())

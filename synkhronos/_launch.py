@@ -1,7 +1,7 @@
-"""The master's handles on its workers, and how they start and stop: processes
-that ``fork()`` spawns on this host, or the other ranks of an MPI launch, which
-connect to the master (see ``_mpi``).  The runtime (``_runtime``) talks to them
-through these handles.
+"""Launching and stopping the workers, and the master's handles on them:
+processes that ``fork()`` spawns on this host, or the other ranks of an MPI
+launch, which connect to the master (see ``_mpi``).  The command engine
+(``_dispatch``) talks to them through these handles; their side is ``_worker``.
 """
 
 import collections
@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 
 from . import _log
 from ._channel import ShmChannel, SocketChannel, shm_channel_names
-from ._protocol import Command
+from ._protocol import Exit, wire
 from .exceptions import WorkerError
 
 __all__ = ["WorkerHandle", "spawn_processes", "connect_mpi_ranks", "stop", "pytensor_flags",
@@ -95,7 +95,7 @@ def connect_mpi_ranks(rt):
     conns = _mpi.connect_workers(rt.cluster, config)
     workers = {rank: WorkerHandle(rank, None, SocketChannel(conn, rt.spin), rt.cluster.where(rank))
                for rank, conn in sorted(conns.items())}
-    rt.workers.update(workers)  # closed with the runtime, should one fail to start
+    rt.dispatcher.workers.update(workers)  # closed with the session, should one fail to start
     deadline = time.monotonic() + READY_TIMEOUT
     for w in workers.values():
         _await_ready(w, deadline)
@@ -117,7 +117,7 @@ def spawn_processes(rt):
         # function it generates there) go to a private directory that close()
         # removes; mode 0700, so no other user can read or plant files in it.
         tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
-    rt.tmpdir = tmpdir  # for cleanup, should a worker fail to start
+    rt.dispatcher.tmpdir = tmpdir  # for cleanup, should a worker fail to start
     log_level = _log.worker_level()
     t0 = time.monotonic()
     workers = {}
@@ -152,7 +152,7 @@ def spawn_processes(rt):
             raise
         finally:
             theirs.close()
-        workers[rank] = rt.workers[rank] = WorkerHandle(rank, proc, channel)
+        workers[rank] = rt.dispatcher.workers[rank] = WorkerHandle(rank, proc, channel)
         logger.debug("worker rank %d started (pid %d)", rank, proc.pid)
     deadline = time.monotonic() + READY_TIMEOUT
     for w in workers.values():
@@ -186,21 +186,17 @@ def _await_ready(w, deadline):
     )
 
 
-def stop(workers, failed, cluster=None):
+def stop(workers, failed):
     """Tell ``workers`` (rank -> handle) to exit and wait for the processes we
     spawned.  ``failed``: the session broke, so a spawned worker still busy with a
     command is killed at once; a busy rank of an MPI launch ends when it sees its
     connection close (the launcher owns its process)."""
-    if failed and cluster is not None:
-        from . import _mpi
-
-        _mpi.mark_failed()
     for w in workers.values():
         if failed and w.busy and w.process is not None:
             w.process.kill()
             continue
         try:
-            w.channel.send((int(Command.EXIT), failed, ()))
+            w.channel.send(wire(Exit(failed)))
         except OSError:
             pass
     deadline = time.monotonic() + EXIT_TIMEOUT

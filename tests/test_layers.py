@@ -1,0 +1,75 @@
+"""The package's shape, kept by machine: the layers and the absence of import
+cycles (import-linter, with the contracts in pyproject.toml), no private import
+in the demos, the docs' examples or the extensions, and modules and functions
+short enough to read."""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "synkhronos"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60  # code lines, docstring excluded
+
+
+def test_import_contracts_are_kept():
+    pytest.importorskip("importlinter")
+    from importlinter.cli import lint_imports
+
+    kept = lint_imports(config_filename=str(ROOT / "pyproject.toml")) == 0
+    assert kept, "an import breaks the layers or makes a cycle: run lint-imports"
+
+
+_PRIVATE = re.compile(r"(from\s+synkhronos(\.\w+)*\s+import\s+_(?!_)\w+"
+                      r"|synkhronos(\.[A-Za-z]\w*)*\._(?!_)\w+|synk\._(?!_)\w+)")
+
+
+def _private_imports(path):
+    found = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if _PRIVATE.search(line) and "automodule" not in line:
+            found.append("%s:%d: %s" % (path.relative_to(ROOT), n, line.strip()))
+    return found
+
+
+def test_demos_docs_and_extensions_use_public_names_only():
+    paths = list((ROOT / "demos").rglob("*.py")) + list((PACKAGE / "extensions").rglob("*.py"))
+    paths += [p for p in (ROOT / "docs").rglob("*")
+              if p.suffix in (".md", ".rst", ".py") and p.name != "conf.py"]
+    found = [hit for p in paths for hit in _private_imports(p)]
+    # Extensions may import their own private kernels (synkhronos.extensions._nnet_*).
+    found = [f for f in found if "extensions._nnet_" not in f]
+    assert not found, "private names outside the package's core:\n" + "\n".join(found)
+
+
+def _functions(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def _code_lines(fn):
+    body = fn.body
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", None), str):
+        body = body[1:]
+    if not body:
+        return 0
+    return body[-1].end_lineno - body[0].lineno + 1
+
+
+def test_modules_and_functions_stay_short():
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append("%s (%d lines)" % (path.relative_to(ROOT), len(text.splitlines())))
+        for fn in _functions(ast.parse(text)):
+            if _code_lines(fn) > MAX_FUNCTION_LINES:
+                long_functions.append("%s:%d %s (%d lines)" % (path.relative_to(ROOT), fn.lineno, fn.name,
+                                                               _code_lines(fn)))
+    too_long = long_modules + long_functions
+    assert not too_long, "split these:\n" + "\n".join(too_long)

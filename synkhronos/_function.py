@@ -262,7 +262,8 @@ class Function:
         self._check_datas(ordered, rt)
         plan = plan_call(ordered, core.n_scatter, len(core.outputs), core.sliceable, rt.n_parallel,
                          output_subset, batch, batch_s, num_slices)
-        rt.publisher.publish([d._memory for d in ordered])  # other hosts' copies (MPI launch)
+        if rt.cluster is not None:  # other hosts' copies (MPI launch)
+            rt.publisher.publish([d._memory for d in ordered])
         # On GPUs, outputs of static shape are reduced into the master on the
         # device; every rank makes the same choice from the same facts.
         specs = device_reduction(core, rt.device, plan.subset, plan.num_slices)

@@ -6,7 +6,7 @@ from ._data import Data
 from ._exchange import receive
 from ._fits import array_of, check_static
 from ._plan import selection_length, take_rows
-from ._protocol import Collective, GetShapes, SendShareds, SetShareds, SharedValue
+from ._protocol import Collective, GetShapes, SendShareds, SetShareds
 
 __all__ = ["gather_arrays", "set_all", "all_shapes", "shape_table", "equal_shapes", "uniform_shapes",
            "device_collective"]
@@ -58,10 +58,9 @@ def set_all(rt, variables, ids, values, rows=None, ranks=None, argname="values")
 
     def payload(rank, tokens):
         if not rt.remote(rank):
-            return SetShareds([SharedValue(i, t, s) for i, t, s in zip(ids, tokens, rows_of(rank))])
+            return SetShareds(list(zip(ids, tokens, rows_of(rank))))
         # Another host: Data from its own copy, arrays inline (only this rank's rows).
-        return SetShareds([SharedValue(i, v._ref(), s) if isinstance(v, Data) else
-                           SharedValue(i, take_rows(v, s), None)
+        return SetShareds([(i, v._ref(), s) if isinstance(v, Data) else (i, take_rows(v, s), None)
                            for i, v, s in zip(ids, values, rows_of(rank))])
 
     def local():

@@ -32,7 +32,7 @@ from ._devices import select_device
 from ._exchange import ExchangeBuffer, receive
 from ._faults import FAULT_ENV, Faults
 from ._plan import take_rows
-from ._protocol import Command, failure, ok
+from ._protocol import Command, failure, from_wire, ok
 from ._run import device_reduction, run_local, run_reduced
 
 _WATCH_S = 0.5  # how often a worker checks that its master is alive
@@ -136,9 +136,9 @@ def _send_shareds(state, msg):
 
 
 def _set_shareds(state, msg):
-    for item in msg.values:
-        (value,) = receive([item.value], state.cache)
-        state.device.set_value(state.shared(item.id), take_rows(value, item.rows))
+    for ID, token, rows in msg.values:
+        (value,) = receive([token], state.cache)
+        state.device.set_value(state.shared(ID), take_rows(value, rows))
 
 
 def _get_shapes(state, msg):
@@ -197,7 +197,8 @@ def _serve(channel, state, faults):
     EXIT's payload (whether the session failed)."""
     while True:
         try:
-            cmd, payload, drops = channel.recv()
+            cmd, fields, drops = channel.recv()
+            payload = from_wire(cmd, fields)
         except (EOFError, OSError):
             return None
         state.exchange.release()  # the master has read our last reply (see _exchange)

@@ -34,11 +34,13 @@ class CallPlan(NamedTuple):
 
     def master_args(self, rank):
         """``run_local``'s arguments for the master (rank ``rank``)."""
-        return ([(d._array, s) for d, s in zip(self.scat, self.rank_rows[rank])],
-                [d._array for d in self.bcast], self.share_sels[rank], self.subset, self.num_slices)
+        return ([(d._memory.array, s) for d, s in zip(self.scat, self.rank_rows[rank])],
+                [d._memory.array for d in self.bcast], self.share_sels[rank], self.subset, self.num_slices)
 
     def messages(self, function, ranks):
         """The ``Call`` record for each worker rank of ``ranks``."""
+        if not ranks:
+            return {}
         bcast_refs = [d._ref() for d in self.bcast]
         scat_refs = [d._ref() for d in self.scat]
         return {r: Call(function, list(zip(scat_refs, self.rank_rows[r])), bcast_refs, self.share_sels[r],
@@ -76,6 +78,8 @@ def check_subset(output_subset, n_outputs):
 
 
 def check_num_slices(num_slices):
+    if type(num_slices) is int and num_slices >= 1:  # the usual case, before the slower ABC checks
+        return num_slices
     if isinstance(num_slices, bool) or not isinstance(num_slices, numbers.Real):
         raise TypeError("num_slices must be a positive int, got %r" % (num_slices,))
     if num_slices < 1 or int(num_slices) != num_slices:
@@ -143,7 +147,8 @@ def plan_call(ordered, n_scatter, n_outputs, sliceable, n_parallel, output_subse
     subset = check_subset(output_subset, n_outputs)
     num_slices = check_num_slices(num_slices)
     scat, bcast = ordered[:n_scatter], ordered[n_scatter:]
-    _check_selectors(scat, sliceable, num_slices, batch, batch_s)
+    if num_slices > 1 or batch is not None or batch_s is not None:
+        _check_selectors(scat, sliceable, num_slices, batch, batch_s)
     share_sels = [None] * n_parallel if batch_s is None else normalize_batch_s(batch_s, n_parallel)
     if batch_s is not None and not scat and not any(selection_length(s) for s in share_sels):
         raise ValueError("batch_s=%s selects no rows on any rank; a call needs at least one"

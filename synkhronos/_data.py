@@ -9,6 +9,8 @@ from ._dtypes import as_array as _as_array
 from ._dtypes import check_dtype as _check_dtype
 from ._dtypes import check_flag as _check_flag
 from ._dtypes import check_oversize as _check_oversize
+from ._dtypes import described as _described
+from ._dtypes import fit_to as _fit_to
 from ._plan import brief
 from ._protocol import DropData, MapData
 from ._shmem import DataMemory
@@ -117,7 +119,10 @@ class Data:
         self._require_array()[k] = v
 
     def __len__(self):
-        if self._array is None and not self._rt.closed:
+        arr = self._memory.array  # every call reads it: the short way first
+        if arr is not None and not self._rt.closed:
+            return len(arr)
+        if arr is None and not self._rt.closed:
             return 0
         return len(self._require_array())
 
@@ -167,17 +172,16 @@ class Data:
             input_data = input_data._require_array()
         arr = _as_array(input_data, argname)
         if arr.dtype != self._dtype:
-            rule = "safe" if isinstance(input_data, np.ndarray) else "same_kind"
-            if arr.dtype.kind not in "biufc" or not (force_cast or np.can_cast(arr.dtype, self._dtype, rule)):
+            if arr.dtype.kind not in "biufc":
+                raise TypeError("%s: cannot store %s, of dtype %s, in Data %s of dtype %s: it is not "
+                                "numbers" % (argname, brief(input_data), arr.dtype, self._label(),
+                                             self.dtype))
+            fitted = arr.astype(self._dtype) if force_cast else _fit_to(input_data, arr, self._dtype)
+            if fitted is None:
                 raise TypeError(
-                    "%s: cannot store %s data in Data %s of dtype %s without loss; pass "
-                    "force_cast=True to convert anyway" % (argname, arr.dtype, self._label(), self.dtype)
-                )
-            try:
-                arr = arr.astype(self._dtype)
-            except (TypeError, ValueError) as exc:
-                raise TypeError("%s of dtype %s does not convert to the dtype %s of Data %s: %s"
-                                % (argname, arr.dtype, self.dtype, self._label(), exc)) from None
+                    "%s: cannot store %s in Data %s of dtype %s without loss; pass force_cast=True "
+                    "to convert anyway" % (argname, _described(input_data, arr), self._label(), self.dtype))
+            arr = fitted
         if arr.ndim != self._ndim:
             raise TypeError("%s: Data %s has ndim=%d, got a value with ndim=%d (shape %s)"
                             % (argname, self._label(), self._ndim, arr.ndim, arr.shape))

@@ -1,10 +1,11 @@
 """Whether values fit shared variables: the targets of a collective, and each
-value checked and converted by PyTensor's own rule for the variable's type (see
-docs: "What values a collective takes")."""
+value checked and converted by the package's one rule (``_dtypes.fit_to``; docs:
+"Which values fit")."""
 
 import numpy as np
 
 from ._data import Data
+from ._dtypes import array_fits, as_array, fit_to
 from ._plan import brief
 
 __all__ = ["targets", "values_for", "check_static", "array_of"]
@@ -49,22 +50,19 @@ def values_for(values, variables, single, argname="values"):
     for k, (v, var) in enumerate(zip(values, variables)):
         where = argname if len(values) == 1 else "%s[%d]" % (argname, k)  # which value is wrong
         if isinstance(v, Data):
-            if v.dtype != var.dtype or v.ndim != var.ndim:
+            if not array_fits(np.dtype(v.dtype), np.dtype(var.dtype)) or v.ndim != var.ndim:
                 raise TypeError("%s: %r (dtype %s, ndim %d) does not fit shared variable %s (dtype %s, "
                                 "ndim %d)" % (where, v, v.dtype, v.ndim, var, var.dtype, var.ndim))
             if v._array is None:
                 raise ValueError("%s: Data %r holds no memory" % (where, v))
-            out.append(v)
+            out.append(v if v.dtype == var.dtype else v._array.astype(var.dtype))
             continue
-        try:
-            arr = np.asarray(v)
-            if arr.dtype != var.dtype:
-                # PyTensor's own casting rules; a static shape is checked on the rows
-                # each rank gets (``check_static``), whatever the dtype given.
-                arr = np.asarray(var.type.clone(shape=(None,) * var.ndim).filter(v))
-        except (TypeError, ValueError) as exc:
-            raise TypeError("%s: %s does not fit shared variable %s (dtype %s): %s"
-                            % (where, brief(v), var, var.dtype, exc)) from None
+        # A static shape is checked on the rows each rank gets (``check_static``).
+        given = as_array(v, where)
+        arr = fit_to(v, given, var.dtype)
+        if arr is None:
+            raise TypeError("%s: %s (dtype %s) does not fit shared variable %s (dtype %s) without loss"
+                            % (where, brief(v), given.dtype, var, var.dtype))
         if arr.ndim != var.ndim:
             raise TypeError("%s: value of ndim %d does not fit shared variable %s (ndim %d)"
                             % (where, arr.ndim, var, var.ndim))

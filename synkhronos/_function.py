@@ -11,6 +11,7 @@ from ._arguments import as_var_list, check_inputs, check_sliceable, parse_givens
 from ._call import order_inputs, plan_call
 from ._core import FunctionCore, compile_function, is_jax_mode
 from ._data import Data, make_data
+from ._dtypes import array_fits
 from ._exchange import receive
 from ._results import in_graph_dtypes, reduce_results, take_reduced
 from ._run import device_reduction, run_local, run_reduced
@@ -156,13 +157,13 @@ class Function:
             if d._rt is not rt:
                 raise RuntimeError("input %d (%s) is a Data object of a closed Synkhronos session"
                                    % (i, var))
-            if d.dtype != var.dtype and not np.can_cast(d.dtype, var.dtype, "safe"):
+            if d.dtype != var.dtype and not array_fits(np.dtype(d.dtype), np.dtype(var.dtype)):
                 raise TypeError("input %d (%s) needs dtype %s, got Data of dtype %s, which does not "
                                 "convert without loss" % (i, var, var.dtype, d.dtype))
             if d.ndim != var.ndim:
                 raise TypeError("input %d (%s) needs ndim %d, got Data of ndim %d"
                                 % (i, var, var.ndim, d.ndim))
-            if d._array is None:
+            if d._memory.array is None:
                 raise ValueError("input %d (%s) is a Data object with no memory allocated" % (i, var))
 
     def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False, **kwargs):

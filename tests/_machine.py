@@ -216,7 +216,8 @@ class SessionMachine(RuleBasedStateMachine):
             return other, other
         if kind == "data":
             matching = [key for key, v in self.ref.datas.items()
-                        if isinstance(v, Freed) or (v.dtype == value.dtype and v.ndim == value.ndim)]
+                        if isinstance(v, Freed) or (np.can_cast(v.dtype, value.dtype, "safe")
+                                                    and v.ndim == value.ndim)]
             if matching and _draw(data, st.booleans(), "an existing Data"):
                 key = _draw(data, st.sampled_from(sorted(matching)), "Data")
             else:

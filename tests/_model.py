@@ -59,13 +59,20 @@ class Freed:
 
 
 def _stored(var, value):
-    """What plain PyTensor stores for ``var.set_value(value)``: a copy.  A static
-    shape is checked later (``_fits``), after the rows are selected."""
-    loose = var.type.clone(shape=(None,) * var.ndim)
-    try:
-        return np.array(loose.filter(value), copy=True)
-    except (TypeError, ValueError):
-        raise Refused(TypeError) from None
+    """What ``var`` stores for ``value``, by the rule of the docs' "Which values
+    fit": an array of another dtype when numpy casts it safely; numbers (the
+    machine gives lists of values of the variable's own dtype) exactly.  A
+    static shape is checked later (``_fits``), after the rows are selected."""
+    dtype = np.dtype(var.dtype)
+    if np.ndim(value) != var.ndim:
+        raise Refused(TypeError)
+    if isinstance(value, np.ndarray):
+        if not np.can_cast(value.dtype, dtype, "safe"):
+            raise Refused(TypeError)
+        return value.astype(dtype)
+    stored = np.array(value, dtype=dtype)
+    assert stored.tolist() == value, "the machine gives numbers of the variable's dtype"
+    return stored
 
 
 def _fits(var, shape):
@@ -159,16 +166,16 @@ class Reference:
     # ------------------------------------------------------------- values given
     def value_for(self, k, given):
         """What variable ``k`` stores for ``given``: ``("data", key)`` names a
-        Data (its dtype and ndim must be the variable's), anything else is a
-        value as the user gives it."""
+        Data (of the variable's ndim, and a dtype numpy casts to the variable's
+        safely), anything else is a value as the user gives it."""
         var = self.variables[k]
         if isinstance(given, tuple) and given and given[0] == "data":
             arr = self.datas[given[1]]
-            if arr.dtype != np.dtype(var.dtype) or arr.ndim != var.ndim:
+            if not np.can_cast(arr.dtype, var.dtype, "safe") or arr.ndim != var.ndim:
                 raise Refused(TypeError)
             if isinstance(arr, Freed):
                 raise Refused(ValueError)
-            return arr.copy()
+            return arr.astype(var.dtype)
         return _stored(var, given)
 
     def _values(self, ks, given):

@@ -210,13 +210,21 @@ def test_set_get_value_each_rank(env):
     assert va.shape == (3, 3) and vb.ndim == 2
 
 
-def test_values_are_cast_like_pytensor(env):
-    # Python lists convert; lossy float64 into float32 is refused the PyTensor way.
+def test_values_fit_by_the_one_rule(env):
+    # Python numbers convert when each keeps its value, floats rounding; arrays and
+    # Data of another dtype when numpy casts them safely; anything lossy is refused.
     synk.broadcast(env.b, [1, 2, 3, 4])
     close(synk.get_value(env.n - 1, env.b), [1, 2, 3, 4])
+    synk.broadcast(env.b, [0.1, 0.2, 0.3, 0.4])
+    np.testing.assert_array_equal(synk.get_value(env.n - 1, env.b), np.array([0.1, 0.2, 0.3, 0.4], env.fx))
+    small = synk.data(np.arange(4, dtype="int16"))
+    synk.broadcast(env.b, small)
+    np.testing.assert_array_equal(synk.get_value(env.n - 1, env.b), np.arange(4, dtype=env.fx))
     if env.fx == "float32":
-        with pytest.raises(TypeError):
-            synk.broadcast(env.b, np.ones(4, dtype="float64") / 3)
+        for lossy in (np.ones(4, dtype="float64") / 3, [2**25 + 1] * 4, synk.data(np.ones(4) / 3)):
+            with pytest.raises(TypeError, match="does not fit shared variable b"):
+                synk.broadcast(env.b, lossy)
+        np.testing.assert_array_equal(synk.get_value(0, env.b), np.arange(4, dtype=env.fx))
 
 
 def test_unused_shared_rejected(env):

@@ -90,6 +90,25 @@ def test_force_cast_and_condition_data(fsum):
         d.condition_data(np.zeros((2, 2), dtype="float32"))
 
 
+def test_numbers_fit_data_only_when_each_keeps_its_value(fsum):
+    """Python numbers: a float rounds into a float dtype; nothing wraps, loses its
+    fraction or overflows (``[300]`` into int8 was once stored as 44)."""
+    i8 = synk.data(np.zeros(2, dtype="int8"))
+    i8.set_value([-128, 127])
+    np.testing.assert_array_equal(i8.data, np.array([-128, 127], dtype="int8"))
+    for bad in ([300, 1], [2.5], [float("nan")]):
+        with pytest.raises(TypeError, match=r"cannot store the numbers .* int8 without loss.*force_cast"):
+            i8.set_value(bad)
+    np.testing.assert_array_equal(i8.data, [-128, 127])  # a refused value changes nothing
+    f32 = synk.data([0.1, 0.2], dtype="float32")
+    np.testing.assert_array_equal(f32.data, np.array([0.1, 0.2], dtype="float32"))
+    for bad in ([1e300], [2**25 + 1]):
+        with pytest.raises(TypeError, match="without loss"):
+            f32.set_value(bad)
+    u64 = synk.data([2**64 - 1, 3], dtype="uint64")  # numpy alone would infer float64 here
+    assert u64.data.tolist() == [2**64 - 1, 3]
+
+
 def test_build_inputs(fsum):
     x = np.ones((4, 3), dtype=pytensor.config.floatX)
     d = fsum.build_inputs(x, minibatch=True, oversize=2)

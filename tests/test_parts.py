@@ -1,16 +1,20 @@
 """The parts of the runtime that stand alone, tested without processes: the call
 planner (against a plain split of the rows), the registry, the command payload
-records, and device selection."""
+records, device selection, and the rule for which values fit a dtype."""
 
+import math
 import pickle
 import types
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from synkhronos import _protocol
 from synkhronos._call import order_inputs, plan_call
 from synkhronos._devices import Device, cpu, select_device
+from synkhronos._dtypes import array_fits, fit_to
 from synkhronos._registry import Registry
 
 
@@ -156,3 +160,57 @@ def test_every_device_provides_the_interface():
     collectives = ("all_reduce", "reduce", "broadcast", "gather", "all_gather", "init_comm")
     for cls in (cpu_mpi.MpiCpuDevice, gpu.GpuDevice):  # has_collectives: each one its own
         assert cls.has_collectives and all(getattr(cls, m) is not getattr(Device, m) for m in collectives)
+
+
+# ----------------------------------------------------------- which values fit
+def _kept(x, dtype, floats):
+    """The docs' rule for one Python number ``x`` of a list into ``dtype``:
+    a float (in a list that holds any float) rounds into a float dtype unless
+    it overflows; any other number must keep its exact value."""
+    if dtype.kind in "fc" and floats:
+        with np.errstate(over="ignore"):
+            return not (math.isfinite(x) and math.isinf(float(np.asarray(x, dtype=dtype).real)))
+    if dtype.kind == "b":
+        return x in (0, 1)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return float(x).is_integer() and info.min <= x <= info.max if isinstance(x, float) \
+            else info.min <= x <= info.max
+    return int(np.asarray(x, dtype=dtype).real) == x  # an int into a float dtype: exact
+
+
+FIT_DTYPES = [np.dtype(d) for d in ("bool", "int8", "uint8", "int32", "int64", "uint64", "float32",
+                                    "float64", "complex64")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=6),
+                 st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6),
+                 st.lists(st.one_of(st.integers(-300, 300), st.floats(allow_nan=False, width=64)),
+                          min_size=1, max_size=6)),
+       st.sampled_from(FIT_DTYPES))
+def test_numbers_fit_when_each_keeps_its_value(values, dtype):
+    arr = np.asarray(values)
+    got = fit_to(values, arr, dtype)
+    floats = any(isinstance(x, float) for x in values)
+    if arr.dtype.kind == "O":  # ints numpy keeps only as objects: not numbers
+        assert got is None
+        return
+    want = all(_kept(x, dtype, floats) for x in values)
+    assert (got is not None) == want, (values, dtype, got)
+    if got is not None:
+        assert got.dtype == dtype
+        if not (floats and dtype.kind in "fc"):  # every number exactly as given
+            assert [complex(g) if dtype.kind == "c" else int(g) for g in got] == values
+
+
+@pytest.mark.parametrize("source", ["bool", "int16", "int64", "uint64", "float32", "float64"])
+@pytest.mark.parametrize("target", ["int32", "float32", "float64"])
+def test_arrays_fit_when_numpy_casts_them_safely(source, target):
+    arr = np.ones(3, dtype=source)
+    safe = np.can_cast(source, target, "safe")
+    assert array_fits(np.dtype(source), np.dtype(target)) == safe
+    got = fit_to(arr, arr, np.dtype(target))
+    assert (got is not None) == safe
+    if safe:
+        assert got.dtype == target and np.array_equal(got, arr)

@@ -55,7 +55,7 @@ def _check_timeout(timeout):
 
 
 def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
-         max_n_var=1000, max_dim=16, precision="highest", timeout=DEFAULT_TIMEOUT):
+         max_n_var=1000, max_dim=16, precision="highest", timeout=DEFAULT_TIMEOUT, threads=None):
     """Start the worker processes.  Call before building Synkhronos functions.
 
     Parameters
@@ -93,6 +93,13 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         they were asked to do and each one's Python stack, and closes the
         session.  Work that finishes within the timeout is never interrupted.
         None: wait forever.
+    threads : int, optional
+        BLAS and OpenMP threads for each CPU rank, the master included.  By
+        default each rank gets its share of its host's usable cores (cores //
+        ranks on that host, at least 1), unless any of ``OMP_NUM_THREADS``,
+        ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ... is set: then the
+        environment decides, for every rank.  The master's pools are changed
+        with threadpoolctl and restored by ``close()``.  GPU ranks ignore it.
 
     Notes
     -----
@@ -133,8 +140,9 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     if _runtime.current() is not None:
         raise RuntimeError("Synkhronos is already forked: call synkhronos.close() before forking again")
     timeout = _check_fork_args(use_gpu, profile_workers, max_n_var, max_dim, precision, timeout)
+    threads = None if threads is None else _check_int(threads, "threads", 1)
     if _mpi.launched():
-        return _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout)
+        return _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout, threads)
     device = select_device(use_gpu, precision)
     available = device.available()
     n = available if n_parallel is None else _check_int(n_parallel, "n_parallel", 1)
@@ -144,6 +152,8 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     if device.name == "gpu" and n > available:
         raise ValueError("n_parallel=%d but only %d GPUs are visible" % (n, available))
     device.setup_master(master_rank)
+    if device.name == "cpu":
+        device.share_threads(n, threads)
     _default_float32()
     device.configure_jax()
     logger.info("Synkhronos attempting to use %d of %d detected %s...", n, available, device.label)
@@ -171,7 +181,7 @@ def _check_fork_args(use_gpu, profile_workers, max_n_var, max_dim, precision, ti
     return _check_timeout(timeout)
 
 
-def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout):
+def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout, threads):
     """``fork()`` in a process of an MPI launch (see ``synkhronos._mpi``): rank 0
     becomes the master; every other rank serves it and ends its process."""
     cluster = _mpi.cluster()
@@ -197,6 +207,8 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
     logger.info("Synkhronos attempting to use %d MPI ranks on %d host%s (%s)...", n, hosts,
                 "s" if hosts > 1 else "", device.label)
     device.setup_master(0)
+    if device.name == "cpu":
+        device.share_threads(cluster.nodes[:n].count(cluster.nodes[0]), threads)
     _default_float32()
     device.configure_jax()
     _mpi.start_session()

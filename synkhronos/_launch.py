@@ -91,7 +91,8 @@ def connect_mpi_ranks(rt):
     config = dict(token=rt.token, n_parallel=rt.n_parallel, master_rank=rt.master_rank,
                   device=rt.device.name, precision=rt.device.precision,
                   profile=bool(rt.profile_workers), profile_dir=tempfile.gettempdir(),
-                  spin=rt.spin, log_level=_log.worker_level())
+                  spin=rt.spin, log_level=_log.worker_level(),
+                  threads=getattr(rt.device, "thread_choice", None))
     conns = _mpi.connect_workers(rt.cluster, config)
     workers = {rank: WorkerHandle(rank, None, SocketChannel(conn, rt.spin), rt.cluster.where(rank))
                for rank, conn in sorted(conns.items())}

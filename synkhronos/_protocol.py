@@ -18,7 +18,7 @@ import traceback
 from typing import Any, NamedTuple
 
 __all__ = ["Command", "PAYLOADS", "Exit", "Distribute", "Call", "MapData", "DropData", "SendShareds",
-           "SetShareds", "GetShapes", "CommInit", "Collective", "Sync", "HostData",
+           "SetShareds", "GetShapes", "CommInit", "Collective", "Sync", "HostData", "ThreadPools",
            "COMMAND_OF", "wire", "from_wire", "ok", "failure", "spin_seconds", "env_nonnegative", "env_flag"]
 
 # How long a process polls for the next message before it sleeps (see
@@ -99,6 +99,7 @@ class Command(enum.IntEnum):
     COLLECTIVE = 9  # run (or queue) a device collective on shared variables
     SYNC = 10  # wait until this rank's device work is done
     HOST_DATA = 11  # (host leaders of other hosts) take a copy of a Data segment over MPI
+    THREAD_POOLS = 12  # return this rank's BLAS and OpenMP thread pools
 
 
 class Exit(NamedTuple):
@@ -157,6 +158,10 @@ class Sync(NamedTuple):
     pass
 
 
+class ThreadPools(NamedTuple):
+    pass
+
+
 class HostData(NamedTuple):
     name: str  # the master's segment
     nbytes: int  # its size
@@ -168,6 +173,7 @@ PAYLOADS = {
     Command.MAP_DATA: MapData, Command.DROP_DATA: DropData, Command.SEND_SHAREDS: SendShareds,
     Command.SET_SHAREDS: SetShareds, Command.GET_SHAPES: GetShapes, Command.COMM_INIT: CommInit,
     Command.COLLECTIVE: Collective, Command.SYNC: Sync, Command.HOST_DATA: HostData,
+    Command.THREAD_POOLS: ThreadPools,
 }
 COMMAND_OF = {record: cmd for cmd, record in PAYLOADS.items()}
 _NUMBER_OF = {record: int(cmd) for cmd, record in PAYLOADS.items()}

@@ -29,6 +29,7 @@ from . import _log, _shmem, _stacks
 from ._channel import ShmChannel, SocketChannel
 from ._core import reseed_generators
 from ._devices import select_device
+from ._devices.cpu import limit_threads, thread_pools, thread_share
 from ._exchange import ExchangeBuffer, receive
 from ._faults import FAULT_ENV, Faults
 from ._plan import take_rows
@@ -111,13 +112,15 @@ def _distribute(state, msg):
 
 
 def _call(state, msg):
+    # Unpacked in one step, in the record's order: cheaper than seven field reads on every call.
+    function, scattered, bcast, share_sel, subset, num_slices, weighted = msg
     view = state.cache.view
-    core = state.cores[msg.function]
-    args = ([(view(ref), sel) for ref, sel in msg.scattered], [view(ref) for ref in msg.bcast],
-            msg.share_sel, msg.subset, msg.num_slices)
-    specs = device_reduction(core, state.device, msg.subset, msg.num_slices)
+    core = state.cores[function]
+    args = ([(view(ref), sel) for ref, sel in scattered], [view(ref) for ref in bcast],
+            share_sel, subset, num_slices)
+    specs = device_reduction(core, state.device, subset, num_slices)
     if specs is not None:  # reduced into the master on the device: nothing to send
-        weight, had_rows, _ = run_reduced(core, state.device, specs, state.master_rank, msg.weighted, *args)
+        weight, had_rows, _ = run_reduced(core, state.device, specs, state.master_rank, weighted, *args)
         return weight, had_rows
     weight, outputs = run_local(core, state.device, *args)
     return weight, None if outputs is None else state.exchange.send(state.device.to_host(outputs))
@@ -177,6 +180,10 @@ def _sync(state, msg):
     state.device.synchronize(state.shareds or [])
 
 
+def _thread_pools(state, msg):
+    return thread_pools()
+
+
 _HANDLERS = {
     Command.SYNC: _sync,
     Command.COMM_INIT: _comm_init,
@@ -189,6 +196,7 @@ _HANDLERS = {
     Command.SET_SHAREDS: _set_shareds,
     Command.GET_SHAPES: _get_shapes,
     Command.HOST_DATA: _host_data,
+    Command.THREAD_POOLS: _thread_pools,
 }
 
 
@@ -339,6 +347,12 @@ def _use_node_gpu(precision, cluster):
     device.setup_master(cluster.node_index)
 
 
+def _share_node_threads(threads, cluster, n_parallel):
+    """Take this rank's share of its host's cores for BLAS and OpenMP (as
+    ``fork()`` gives the master and the workers it spawns)."""
+    limit_threads(thread_share(cluster.nodes[:n_parallel].count(cluster.nodes[cluster.rank]), threads))
+
+
 def mpi_main(cluster):
     """Entry point of an MPI rank other than 0, inside ``fork()``: serve the
     master, then end the process (never returns).
@@ -359,6 +373,8 @@ def mpi_main(cluster):
         prepare = None
         if config["device"] == "gpu":
             prepare = functools.partial(_use_node_gpu, config["precision"], cluster)
+        else:
+            prepare = functools.partial(_share_node_threads, config["threads"], cluster, config["n_parallel"])
         ended = _run(config, conn, cluster, prepare)
         failed = ended is None or ended
     if not failed:

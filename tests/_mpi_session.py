@@ -7,13 +7,18 @@ every GPU (under MPI: every rank).  Each result is also checked here against
 numpy or the plain PyTensor function on the same data.
 """
 
+import os
 import sys
 
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from threadpoolctl import threadpool_info
 
 import synkhronos as synk
+from synkhronos import _runtime
+from synkhronos._devices.cpu import THREAD_VARS, usable_cores
+from synkhronos._protocol import ThreadPools
 
 results = {}
 
@@ -27,6 +32,15 @@ def keep(name, value, expected=None):
 
 GPU = sys.argv[2:] == ["gpu"]
 n = synk.fork(None if GPU else 4, use_gpu=GPU)
+if not GPU and not any(os.environ.get(v) for v in THREAD_VARS):
+    # Each rank's BLAS and OpenMP pools: its share of its host's cores, here one machine's.
+    def pools():
+        return sorted((i["internal_api"], i["num_threads"]) for i in threadpool_info())
+
+    mine, replies = _runtime.current().dispatcher.request(ThreadPools(), local=pools)
+    share = max(1, usable_cores() // n)
+    for rank, ranks_pools in {0: mine, **replies}.items():
+        assert ranks_pools and all(k == share for _, k in ranks_pools), (rank, ranks_pools, share)
 last = n - 1
 rng = np.random.default_rng(0)
 x = pt.matrix("x")

@@ -1,4 +1,6 @@
-"""CPU workers: one process per core group, BLAS threads split between them."""
+"""CPU workers: one process per core group, BLAS and OpenMP threads split
+between them: every rank, the master included, gets its share of its host's
+cores (docs: "CPU workers")."""
 
 import os
 import sys
@@ -7,10 +9,12 @@ import numpy as np
 
 from ._base import Device
 
-__all__ = ["CpuDevice", "usable_cores"]
+__all__ = ["CpuDevice", "usable_cores", "THREAD_VARS", "thread_share", "limit_threads", "thread_pools"]
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# The variables by which a user fixes thread counts; any of them set means the
+# user chose, and no rank's threads are changed.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 def usable_cores():
@@ -21,6 +25,36 @@ def usable_cores():
         return os.cpu_count() or 1
 
 
+def thread_share(ranks_here, threads=None):
+    """Threads for each rank's BLAS and OpenMP pools: ``threads`` when the user
+    passed it to ``fork()``; None when the user set any of ``THREAD_VARS`` (their
+    choice stands); else this host's usable cores split evenly among its
+    ``ranks_here`` ranks, at least one each."""
+    if threads is not None:
+        return threads
+    if any(os.environ.get(v) for v in THREAD_VARS):
+        return None
+    return max(1, usable_cores() // ranks_here)
+
+
+def limit_threads(count):
+    """Set this process's BLAS and OpenMP pools, already loaded, to ``count``
+    threads; returns the threadpoolctl controller whose
+    ``restore_original_limits()`` undoes it (None for ``count`` None)."""
+    if count is None:
+        return None
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=count)
+
+
+def thread_pools():
+    """``(library, threads)`` of each BLAS and OpenMP pool loaded in this process."""
+    from threadpoolctl import threadpool_info
+
+    return sorted((info["internal_api"], info["num_threads"]) for info in threadpool_info())
+
+
 class CpuDevice(Device):
     """Device layer for CPU worker processes: a call's work is done when its
     reply comes; function outputs are reduced in the master; collectives go
@@ -29,6 +63,9 @@ class CpuDevice(Device):
 
     name = "cpu"
     label = "CPU cores"
+    threads = None  # each rank's BLAS and OpenMP threads; None: as the user's environment says
+    thread_choice = None  # fork()'s ``threads``
+    _limits = None  # the master's threadpoolctl controller, undone at close
 
     @property
     def status(self):
@@ -53,14 +90,27 @@ class CpuDevice(Device):
 
             jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
 
+    def share_threads(self, ranks_here, threads=None):
+        """Give this process, and the workers it spawns, their share of the
+        threads (``thread_share``); the master's pools are set now, with
+        threadpoolctl, and restored by ``close()``."""
+        self.thread_choice = threads  # what ranks launched by MPI apply on their own hosts
+        self.threads = thread_share(ranks_here, threads)
+        self._limits = limit_threads(self.threads)
+
     def worker_env(self, rank, n_parallel):
-        """Environment of worker ``rank``: its share of the BLAS threads,
-        unless the user already fixed them."""
-        threads = str(max(1, usable_cores() // n_parallel))
-        return {v: os.environ.get(v, threads) for v in _THREAD_VARS}
+        """Environment of worker ``rank``: its share of the threads, read by
+        BLAS and OpenMP as they load (nothing when the user's environment chose)."""
+        return {} if self.threads is None else {v: str(self.threads) for v in THREAD_VARS}
 
     def setup_master(self, rank):
-        """Nothing to set up: the master keeps its own threads."""
+        """Nothing to set up (threads: ``share_threads``)."""
+
+    def close(self, abort=False):
+        """Give the master's thread pools back their sizes from before ``fork()``."""
+        limits, self._limits = self._limits, None
+        if limits is not None:
+            limits.restore_original_limits()
 
     @staticmethod
     def to_host(values):

@@ -110,6 +110,7 @@ class MpiCpuDevice(CpuDevice):
         """Drop the communicator; it belongs to ``mpirun``'s world (or to the
         factory's owner), so it is not freed here."""
         self._comm = None
+        super().close(abort)
 
     def synchronize(self, shareds):
         """Nothing is left running: every collective waits before it returns."""

@@ -208,7 +208,7 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
                 "s" if hosts > 1 else "", device.label)
     device.setup_master(0)
     if device.name == "cpu":
-        device.share_threads(cluster.nodes[:n].count(cluster.nodes[0]), threads)
+        device.share_threads(cluster.ranks_on_my_node(n), threads)
     _default_float32()
     device.configure_jax()
     _mpi.start_session()

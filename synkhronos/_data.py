@@ -119,12 +119,10 @@ class Data:
         self._require_array()[k] = v
 
     def __len__(self):
-        arr = self._memory.array  # every call reads it: the short way first
-        if arr is not None and not self._rt.closed:
-            return len(arr)
-        if arr is None and not self._rt.closed:
-            return 0
-        return len(self._require_array())
+        if not self._rt.closed:
+            arr = self._memory.array
+            return 0 if arr is None else len(arr)
+        return len(self._require_array())  # raises: the session is closed
 
     def __array__(self, dtype=None, copy=None):
         self._memory.version += 1

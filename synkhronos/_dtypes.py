@@ -44,9 +44,9 @@ def as_array(value, argname):
 
 
 def array_fits(source, target):
-    """Whether an array (numpy or Data) of dtype ``source`` fits ``target``:
-    the same dtype, or one numpy casts to it safely (int16 into float32; not
-    int64 or float64 into float32)."""
+    """Whether an array (numpy or Data) of dtype ``source`` fits ``target``
+    (dtypes or their names): the same dtype, or one numpy casts to it safely
+    (int16 into float32; not int64 or float64 into float32)."""
     return source == target or np.can_cast(source, target, "safe")
 
 

@@ -50,7 +50,7 @@ def values_for(values, variables, single, argname="values"):
     for k, (v, var) in enumerate(zip(values, variables)):
         where = argname if len(values) == 1 else "%s[%d]" % (argname, k)  # which value is wrong
         if isinstance(v, Data):
-            if not array_fits(np.dtype(v.dtype), np.dtype(var.dtype)) or v.ndim != var.ndim:
+            if not array_fits(v.dtype, var.dtype) or v.ndim != var.ndim:
                 raise TypeError("%s: %r (dtype %s, ndim %d) does not fit shared variable %s (dtype %s, "
                                 "ndim %d)" % (where, v, v.dtype, v.ndim, var, var.dtype, var.ndim))
             if v._array is None:

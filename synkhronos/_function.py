@@ -4,8 +4,6 @@ import logging
 import os
 import time
 
-import numpy as np
-
 from . import _log, _runtime
 from ._arguments import as_var_list, check_inputs, check_sliceable, parse_givens, parse_outputs, parse_updates
 from ._call import order_inputs, plan_call
@@ -157,7 +155,7 @@ class Function:
             if d._rt is not rt:
                 raise RuntimeError("input %d (%s) is a Data object of a closed Synkhronos session"
                                    % (i, var))
-            if d.dtype != var.dtype and not array_fits(np.dtype(d.dtype), np.dtype(var.dtype)):
+            if d.dtype != var.dtype and not array_fits(d.dtype, var.dtype):  # the usual case first
                 raise TypeError("input %d (%s) needs dtype %s, got Data of dtype %s, which does not "
                                 "convert without loss" % (i, var, var.dtype, d.dtype))
             if d.ndim != var.ndim:

@@ -171,6 +171,11 @@ class Cluster:
         """How many hosts ranks ``0 .. n_parallel - 1`` run on."""
         return len(set(self._keys[:n_parallel]))
 
+    def ranks_on_my_node(self, n_parallel):
+        """How many of ranks ``0 .. n_parallel - 1`` run on this rank's physical
+        node (they share its cores)."""
+        return self.nodes[:n_parallel].count(self.nodes[self.rank])
+
     def one_node(self, n_parallel):
         """Whether ranks ``0 .. n_parallel - 1`` all run on one physical node."""
         return len(set(self.nodes[:n_parallel])) == 1

@@ -350,7 +350,7 @@ def _use_node_gpu(precision, cluster):
 def _share_node_threads(threads, cluster, n_parallel):
     """Take this rank's share of its host's cores for BLAS and OpenMP (as
     ``fork()`` gives the master and the workers it spawns)."""
-    limit_threads(thread_share(cluster.nodes[:n_parallel].count(cluster.nodes[cluster.rank]), threads))
+    limit_threads(thread_share(cluster.ranks_on_my_node(n_parallel), threads))
 
 
 def mpi_main(cluster):
@@ -370,7 +370,6 @@ def mpi_main(cluster):
         tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
         config = dict(config, rank=cluster.rank, tmpdir=tmpdir)
         os.environ["TMPDIR"] = tempfile.tempdir = tmpdir  # PyTensor's generated sources go there
-        prepare = None
         if config["device"] == "gpu":
             prepare = functools.partial(_use_node_gpu, config["precision"], cluster)
         else:

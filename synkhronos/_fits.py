@@ -32,7 +32,8 @@ def targets(rt, shared_vars):
 
 
 def values_for(values, variables, single, argname="values"):
-    """One value per variable, as numpy arrays or Data of the variable's type.
+    """One value per variable, as numpy arrays of the variable's dtype, or Data
+    (of a dtype that fits it).
 
     For a list of variables (``single`` False) ``values`` is a list or tuple with
     one value for each.  For one variable it is that variable's value; a list
@@ -55,7 +56,7 @@ def values_for(values, variables, single, argname="values"):
                                 "ndim %d)" % (where, v, v.dtype, v.ndim, var, var.dtype, var.ndim))
             if v._array is None:
                 raise ValueError("%s: Data %r holds no memory" % (where, v))
-            out.append(v if v.dtype == var.dtype else v._array.astype(var.dtype))
+            out.append(v)  # of another dtype too: each rank's device.set_value converts its rows
             continue
         # A static shape is checked on the rows each rank gets (``check_static``).
         given = as_array(v, where)

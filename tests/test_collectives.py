@@ -7,6 +7,7 @@ import pytensor
 import pytest
 
 import synkhronos as synk
+from synkhronos._exchange import INLINE_BYTES
 from synkhronos._plan import split_bounds
 
 
@@ -225,6 +226,18 @@ def test_values_fit_by_the_one_rule(env):
             with pytest.raises(TypeError, match="does not fit shared variable b"):
                 synk.broadcast(env.b, lossy)
         np.testing.assert_array_equal(synk.get_value(0, env.b), np.arange(4, dtype=env.fx))
+
+
+@pytest.mark.parametrize("rows", [2, 17, 40])  # the converted value under and over the inline bound
+@pytest.mark.parametrize("given", ["int16 Data", "int16 array", "list of ints"])
+def test_converted_values_cross_the_inline_bound(env, rows, given):
+    ints = np.random.default_rng(rows).integers(-30000, 30000, (rows, 1000)).astype("int16")
+    value = {"int16 Data": lambda: synk.data(ints), "int16 array": lambda: ints,
+             "list of ints": lambda: ints.tolist()}[given]()
+    synk.broadcast(env.big, value)
+    for r in (0, env.n - 1):
+        np.testing.assert_array_equal(synk.get_value(r, env.big), ints.astype(env.fx))
+    assert (rows * 1000 * np.dtype(env.fx).itemsize > INLINE_BYTES) == (rows > 16)
 
 
 def test_unused_shared_rejected(env):

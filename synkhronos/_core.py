@@ -64,20 +64,24 @@ class FunctionCore:
         # JAX needs static slice bounds: select rows of sliceable shareds by index there.
         self.index_only = is_jax_mode(kwargs.get("mode"))
         self.full_subset = tuple(range(len(outputs)))
-        self._variants = {(self.full_subset, False, None): plain}
+        self.plain_key = (self.full_subset, False, None)  # the variant that every call could use
+        self._variants = {self.plain_key: plain}
         # What ``variant`` returns, by key: the compiled function, wrapped for JAX.
         self._callables = {}
         self._reductions = {}  # (subset, device's reduce dtypes) -> device_reduction's answer
 
     @property
     def plain(self):
-        return self._variants[(self.full_subset, False, None)]
+        return self._variants[self.plain_key]
+
+    def compiled_variants(self):
+        """``{key: PyTensor function}`` of the variants compiled so far."""
+        return dict(self._variants)
 
     def __getstate__(self):
         state = self.__dict__.copy()
         # Only the plain function travels; the others are re-made where needed.
-        key = (self.full_subset, False, None)
-        state["_variants"] = {key: self._variants[key]}
+        state["_variants"] = {self.plain_key: self._variants[self.plain_key]}
         state["_callables"] = {}
         state["_reductions"] = {}
         return state

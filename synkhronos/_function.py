@@ -11,6 +11,7 @@ from ._core import FunctionCore, compile_function, is_jax_mode
 from ._data import Data, make_data
 from ._dtypes import array_fits
 from ._exchange import receive
+from ._precompile import precompile
 from ._results import in_graph_dtypes, reduce_results, take_reduced
 from ._run import device_reduction, run_local, run_reduced
 
@@ -314,6 +315,8 @@ class Function:
         dispatcher.action = self._label
         failed = True
         try:
+            if first:  # Numba: compile here first, and the workers load it from the cache
+                precompile(core.compiled(*key))
             if posted:
                 dispatcher.post(messages, local=local, binding=False)
                 failed = False

@@ -154,11 +154,12 @@ _JIT_NOTES = {
 }
 
 
-def compile_notice(label, fn, n_ranks):
+def compile_notice(label, fn, n_ranks, when="on its first call"):
     """A started ``CompileNotice`` for the first call of PyTensor function
-    ``fn``, or None if its linker does not compile on a first call."""
+    ``fn`` (or ``when`` else it compiles), or None if its linker does not
+    compile on a first call."""
     note = _JIT_NOTES.get(type(fn.maker.linker).__name__)
-    return None if note is None else CompileNotice(label, note, n_ranks)
+    return None if note is None else CompileNotice(label, note, n_ranks, when)
 
 
 class CompileNotice:
@@ -175,10 +176,13 @@ class CompileNotice:
     note : callable
         Returns what the message says about the compiler, in parentheses.
     n_ranks : int
+    when : str, optional
+        When it compiles, as the message says (default: on its first call).
     """
 
-    def __init__(self, label, note, n_ranks):
+    def __init__(self, label, note, n_ranks, when="on its first call"):
         self._label = label
+        self._when = when
         self._note = note
         self._n = n_ranks
         self._lock = threading.Lock()
@@ -203,7 +207,7 @@ class CompileNotice:
             if self._done:
                 return
             self._said = True
-            logger.info("Synkhronos: compiling %s on its first call, on %d rank%s (%s)...", self._label,
+            logger.info("Synkhronos: compiling %s %s, on %d rank%s (%s)...", self._label, self._when,
                         self._n, "" if self._n == 1 else "s", self._note())
 
     def close(self, failed=False):

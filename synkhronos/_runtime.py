@@ -23,10 +23,11 @@ import signal
 import threading
 import time
 
-from . import _launch, _shmem
+from . import _launch, _log, _shmem
 from ._core import dumps_cores, reseed_generators
 from ._dispatch import Dispatcher
 from ._exchange import ExchangeBuffer
+from ._precompile import compile_shares, graph_size, is_numba, precompile
 from ._protocol import CommInit, Distribute, spin_seconds
 from ._publish import HostPublisher
 from ._registry import Registry
@@ -230,24 +231,50 @@ class Runtime:
         logger.debug("distribute: %d functions and %d shared variables pickled (%.1f MB) in %.2f s",
                      len(cores), len(shareds), len(payload) / 1e6, time.monotonic() - t0)
 
+        shares = compile_shares({i: graph_size(c.plain) for i, c in enumerate(cores)}, self._hosts())
+
         def local():
             reseed_generators(shareds, cores, self.master_rank)
             self.device.place_shareds(shareds)
+            for i in shares.get(self.master_rank, ()):
+                precompile(cores[i].plain)
 
+        notice = self._compile_notice(cores)
         try:
             flags = _launch.pytensor_flags(_launch.SYNCED_FLAGS, changed_only=False)
-            self.dispatcher.request(Distribute(flags, payload), local=local)
+            self.dispatcher.request(Distribute(flags, payload, shares), local=local)
         except Exception:
+            if notice is not None:
+                notice.close(failed=True)
             # Some ranks may hold the functions and others not: no call could
             # be trusted, and distribute() cannot simply run again.
             self.fail()
             raise
+        if notice is not None:
+            notice.close()
         logger.debug("distribute: every rank loaded the functions %.2f s after pickling began",
                      time.monotonic() - t0)
         if self.device.has_collectives:
             self.device.numpy_interface(shareds, on_set=self.registry.forget_shape,
                                         before_get=self._settle_if_open)
         self.distributed = True
+
+    def _compile_notice(self, cores):
+        """A started notice for the Numba functions ``distribute()`` compiles
+        (see ``_precompile``), or None when there are none."""
+        jit = [c.plain for c in cores if is_numba(c.plain)]
+        if not jit:
+            return None
+        label = "%d function%s" % (len(jit), "" if len(jit) == 1 else "s")
+        return _log.compile_notice(label, jit[0], self.n_parallel, when="for distribute()")
+
+    def _hosts(self):
+        """The session's ranks by host (ranks of one host share its compile cache)."""
+        ranks = range(self.n_parallel)
+        if self.cluster is None:
+            return [list(ranks)]
+        nodes = self.cluster.nodes[:self.n_parallel]
+        return [[r for r in ranks if nodes[r] == node] for node in dict.fromkeys(nodes)]
 
     def _settle_if_open(self):
         if not self.closed:

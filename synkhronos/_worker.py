@@ -33,6 +33,7 @@ from ._devices.cpu import limit_threads, thread_pools, thread_share
 from ._exchange import ExchangeBuffer, receive
 from ._faults import FAULT_ENV, Faults
 from ._plan import take_rows
+from ._precompile import counts_by_variant, precompile
 from ._protocol import Command, failure, from_wire, ok
 from ._run import device_reduction, run_local, run_reduced
 
@@ -109,6 +110,10 @@ def _distribute(state, msg):
     state.device.place_shareds(state.shareds)
     logger.debug("worker rank %d: loaded %d functions and %d shared variables in %.2f s", state.rank,
                  len(state.cores), len(state.shareds), time.monotonic() - t0)
+    compiled = [i for i in msg.compile_shares.get(state.rank, ()) if precompile(state.cores[i].plain)]
+    if compiled:
+        logger.debug("worker rank %d: compiled functions %s for the others in %.2f s", state.rank,
+                     compiled, time.monotonic() - t0)
 
 
 def _call(state, msg):
@@ -184,6 +189,10 @@ def _thread_pools(state, msg):
     return thread_pools()
 
 
+def _compile_counts(state, msg):
+    return counts_by_variant(state.cores)
+
+
 _HANDLERS = {
     Command.SYNC: _sync,
     Command.COMM_INIT: _comm_init,
@@ -197,6 +206,7 @@ _HANDLERS = {
     Command.GET_SHAPES: _get_shapes,
     Command.HOST_DATA: _host_data,
     Command.THREAD_POOLS: _thread_pools,
+    Command.COMPILE_COUNTS: _compile_counts,
 }
 
 

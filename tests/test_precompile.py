@@ -1,0 +1,95 @@
+"""distribute() compiles each Numba function once per host, spread over its
+ranks, and every other rank loads it from the compile cache: no rank compiles a
+graph another already compiled, and no call compiles again."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+
+import synkhronos as synk
+from synkhronos import _runtime
+from synkhronos._precompile import compile_counts, compile_shares, counts_by_variant, precompile
+from synkhronos._protocol import CompileCounts
+
+
+def test_each_host_compiles_every_function_once_largest_first():
+    sizes = {0: 50, 1: 10, 2: 30, 3: 30, 4: 5}
+    shares = compile_shares(sizes, [[0, 1], [2, 3, 4]])
+    assert set(shares) == {0, 1, 2, 3, 4}
+    for host in ([0, 1], [2, 3, 4]):
+        got = sorted(i for r in host for i in shares[r])
+        assert got == sorted(sizes), "every function once on every host"
+    # Largest first, each to the rank with the least so far (ties: the lower rank).
+    assert shares[0] == (0, 1, 4) and shares[1] == (2, 3)
+    assert shares[2] == (0,) and shares[3] == (1, 2) and shares[4] == (3, 4)
+
+
+def test_no_functions_no_shares_of_work():
+    assert compile_shares({}, [[0, 1]]) == {0: (), 1: ()}
+
+
+def test_other_linkers_are_left_alone():
+    x = pt.vector("x")
+    fn = pytensor.function([x], x * 2, mode="FAST_COMPILE")
+    assert compile_counts(fn) is None and precompile(fn) is False
+
+
+def _counts():
+    rt = _runtime.current()
+    mine, replies = rt.dispatcher.request(
+        CompileCounts(), local=lambda: counts_by_variant([f._core for f in rt.registry.functions]))
+    return {rt.master_rank: mine, **replies}
+
+
+def _check_once(counts, key):
+    """Every rank holds variant ``key`` compiled once, for the argument types of
+    its calls; one rank compiled it, the others loaded it from the cache."""
+    per_rank = [counts[r][key] for r in sorted(counts)]
+    assert all(held == 1 for held, _, _ in per_rank), (key, per_rank)
+    assert sum(new for _, _, new in per_rank) == 1, (key, per_rank)
+    assert all(hits + new == 1 for _, hits, new in per_rank), (key, per_rank)
+
+
+def test_every_function_compiled_once_for_all_ranks():
+    synk.fork(2)
+    rng = np.random.default_rng()
+    # Constants new to every run: graphs no earlier run left in the compile cache.
+    c = [float(v) for v in rng.uniform(1, 2, 3)]
+    x, y = pt.matrix("x"), pt.vector("y")
+    exprs = [((x * c[0]).sum(), "sum"), ((x.dot(y) * c[1]).max(), "max"), ((pt.exp(x) * c[2]).mean(), "avg")]
+    fns = [synk.function([x], outputs=exprs[0], mode="NUMBA"),
+           synk.function([x], bcast_inputs=[y], outputs=exprs[1], mode="NUMBA"),
+           synk.function([x], outputs=exprs[2], mode="NUMBA")]
+    synk.distribute()
+    x_val = rng.standard_normal((50, 4)).astype(pytensor.config.floatX)
+    y_val = rng.standard_normal(4).astype(pytensor.config.floatX)
+    x_dat, y_dat = synk.data(x_val), synk.data(y_val)
+    for f, (expr, _), args in zip(fns, exprs, [(x_dat,), (x_dat, y_dat), (x_dat,)]):
+        plain = pytensor.function([x, y][:len(args)], expr, on_unused_input="ignore")
+        np.testing.assert_allclose(f(*args), plain(*(a.data for a in args)), rtol=1e-5)
+    counts = _counts()
+    assert sorted(counts) == [0, 1]
+    for i, f in enumerate(fns):
+        _check_once(counts, (i, f._core.plain_key))
+    synk.close()
+
+
+def test_a_variant_compiled_in_the_master_first():
+    """A call that needs a new variant (here: num_slices with updates, which
+    the slices accumulate) compiles it in the master; the workers then load it
+    from the cache."""
+    synk.fork(2)
+    rng = np.random.default_rng()
+    x = pt.matrix("x")
+    expr = (pt.sin(x) * float(rng.uniform(1, 2))).sum()
+    s = pytensor.shared(np.zeros(3, dtype=pytensor.config.floatX), name="s")
+    f = synk.function([x], outputs=(expr, "sum"), updates=[(s, s + x.sum(axis=0))], mode="NUMBA")
+    synk.distribute()
+    x_val = rng.standard_normal((40, 3)).astype(pytensor.config.floatX)
+    got = f(synk.data(x_val), num_slices=2)
+    np.testing.assert_allclose(got, pytensor.function([x], expr)(x_val), rtol=1e-5)
+    counts = _counts()
+    sliced = set(counts[0]) - {(0, f._core.plain_key)}
+    assert len(sliced) == 1, "a variant for num_slices: %s" % sliced
+    _check_once(counts, sliced.pop())
+    synk.close()

@@ -14,9 +14,13 @@ they are).  A call whose types differ compiles again on its own, as without this
 step: never a wrong result, at worst the time this step meant to save.
 """
 
+import logging
+
 import numpy as np
 
 __all__ = ["compile_counts", "compile_shares", "counts_by_variant", "graph_size", "is_numba", "precompile"]
+
+logger = logging.getLogger(__name__)
 
 
 def is_numba(fn):
@@ -58,7 +62,11 @@ def precompile(fn):
     types = _argument_types(fn)
     if types is None or (types,) in disp.overloads:
         return False
-    disp.compile((types,))
+    try:
+        disp.compile((types,))
+    except Exception:  # the first call compiles again and raises it, where the user called
+        logger.debug("compiling %s ahead of its first call failed", fn.maker.fgraph, exc_info=True)
+        return False
     return True
 
 

@@ -5,6 +5,7 @@ graph another already compiled, and no call compiles again."""
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+import pytest
 
 import synkhronos as synk
 from synkhronos import _runtime
@@ -93,3 +94,18 @@ def test_a_variant_compiled_in_the_master_first():
     assert len(sliced) == 1, "a variant for num_slices: %s" % sliced
     _check_once(counts, sliced.pop())
     synk.close()
+
+
+def test_a_function_numba_cannot_compile_fails_where_it_is_called():
+    """distribute() goes on; the call raises Numba's error, as without compiling ahead."""
+    from _untypable import untypable
+
+    synk.fork(2)
+    x = pt.vector("x")
+    f = synk.function([x], outputs=(untypable(x).sum(), "sum"), mode="NUMBA")
+    g = synk.function([x], outputs=(x.sum(), "sum"), mode="NUMBA")
+    synk.distribute()
+    x_dat = synk.data(np.arange(6, dtype=pytensor.config.floatX))
+    assert g(x_dat) == 15
+    with pytest.raises(Exception, match="text"):
+        f(x_dat)

@@ -153,7 +153,7 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         raise ValueError("n_parallel=%d but only %d GPUs are visible" % (n, available))
     device.setup_master(master_rank)
     if device.name == "cpu":
-        device.share_threads(n, threads)
+        device.share_threads(n, threads, master_rank)
     _default_float32()
     device.configure_jax()
     logger.info("Synkhronos attempting to use %d of %d detected %s...", n, available, device.label)
@@ -208,7 +208,7 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
                 "s" if hosts > 1 else "", device.label)
     device.setup_master(0)
     if device.name == "cpu":
-        device.share_threads(cluster.ranks_on_my_node(n), threads)
+        device.share_threads(cluster.ranks_on_my_node(n), threads, cluster.node_index)
     _default_float32()
     device.configure_jax()
     _mpi.start_session()

@@ -21,7 +21,8 @@ from ._plan import (
 )
 from ._warnings import compiler_warnings_hidden
 
-__all__ = ["FunctionCore", "compile_function", "dumps_cores", "is_jax_mode", "reseed_generators"]
+__all__ = ["FunctionCore", "compile_function", "dumps_cores", "is_jax_mode", "links_with_jax",
+           "reseed_generators", "uses_jax"]
 
 
 class FunctionCore:
@@ -221,6 +222,19 @@ def compile_function(inputs, outputs, **kwargs):
 
     with compiler_warnings_hidden(get_mode(kwargs.get("mode")).linker):
         return pytensor.function(inputs, outputs, **kwargs)
+
+
+def uses_jax(cores):
+    """Whether any of function cores ``cores`` was linked by PyTensor's JAX linker."""
+    return any(type(core.plain.maker.linker).__name__ == "JAXLinker" for core in cores)
+
+
+def links_with_jax(mode):
+    """Whether ``pytensor.function(..., mode=mode)`` links with the JAX linker
+    (``mode`` None: PyTensor's default mode, which a flag may make JAX)."""
+    from pytensor.compile.mode import get_mode
+
+    return type(get_mode(mode).linker).__name__ == "JAXLinker"
 
 
 def is_jax_mode(mode):

@@ -7,7 +7,7 @@ import time
 from . import _log, _runtime
 from ._arguments import as_var_list, check_inputs, check_sliceable, parse_givens, parse_outputs, parse_updates
 from ._call import order_inputs, plan_call
-from ._core import FunctionCore, compile_function, is_jax_mode
+from ._core import FunctionCore, compile_function, is_jax_mode, links_with_jax
 from ._data import Data, make_data
 from ._dtypes import array_fits
 from ._exchange import receive
@@ -71,6 +71,8 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     sliceable = as_var_list(sliceable_shareds, "sliceable_shareds")
     check_sliceable(sliceable, out_vars + [u for _, u in update_pairs] + [g for _, g in given_pairs])
     kwargs = _device_kwargs(rt.device, kwargs)
+    if links_with_jax(kwargs.get("mode")):  # before PyTensor's JAX linker starts the backend
+        rt.device.start_jax_pool()
     index = rt.registry.next_function_index()
     t0 = time.monotonic()
     plain = compile_function(scat + bcast, list(out_vars), updates=update_pairs,

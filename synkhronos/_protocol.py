@@ -112,6 +112,7 @@ class Distribute(NamedTuple):
     flags: dict  # PyTensor flags the workers take from the master
     blob: bytes  # the pickled (function cores, shared variables)
     compile_shares: dict  # {rank: indices of the functions it compiles now} (see _precompile)
+    jax: bool  # some functions run on JAX: start its backend first (Device.start_jax_pool)
 
 
 class Call(NamedTuple):

@@ -24,7 +24,7 @@ import threading
 import time
 
 from . import _launch, _log, _shmem
-from ._core import dumps_cores, reseed_generators
+from ._core import dumps_cores, reseed_generators, uses_jax
 from ._dispatch import Dispatcher
 from ._exchange import ExchangeBuffer
 from ._precompile import compile_shares, graph_size, is_numba, precompile
@@ -233,7 +233,11 @@ class Runtime:
 
         shares = compile_shares({i: graph_size(c.plain) for i, c in enumerate(cores)}, self._hosts())
 
+        jax = uses_jax(cores)
+
         def local():
+            if jax:
+                self.device.start_jax_pool()
             reseed_generators(shareds, cores, self.master_rank)
             self.device.place_shareds(shareds)
             for i in shares.get(self.master_rank, ()):
@@ -242,7 +246,7 @@ class Runtime:
         notice = self._compile_notice(cores)
         try:
             flags = _launch.pytensor_flags(_launch.SYNCED_FLAGS, changed_only=False)
-            self.dispatcher.request(Distribute(flags, payload, shares), local=local)
+            self.dispatcher.request(Distribute(flags, payload, shares, jax), local=local)
         except Exception:
             if notice is not None:
                 notice.close(failed=True)

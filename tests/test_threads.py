@@ -3,6 +3,11 @@ OpenMP at fork(), unless the user chose (fork(threads=...) or a thread variable
 in the environment); close() gives the master its pools back.  Each rank's pools
 are read where they live, with threadpoolctl."""
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
@@ -75,3 +80,50 @@ def test_bad_threads_named(bad, exc):
     with pytest.raises(exc, match=r"threads must be .*got %s" % repr(bad).replace(".", r"\.")):
         synk.fork(2, use_gpu=False, threads=bad)
     assert _runtime.current() is None
+
+
+_JAX_POOLS = """
+import json, os, sys
+import numpy as np, pytensor, pytensor.tensor as pt
+import synkhronos as synk
+synk.fork(2, use_gpu=False)
+x = pt.matrix("x")
+w = pytensor.shared(np.ones((3, 3), "float32"))
+f = synk.function([x], outputs=(x.dot(w).sum(), "sum"), mode="JAX")
+synk.distribute()
+print("result", float(f(synk.data(np.ones((8, 3), "float32")))))
+pids = [os.getpid()] + [w.process.pid for w in synk._runtime.current().dispatcher.workers.values()]
+
+def pool_cores(pid):
+    cores = set()
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:  # (a thread may end meanwhile)
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                if f.read().startswith("tf_XLAEigen"):
+                    cores |= os.sched_getaffinity(int(tid))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return sorted(cores)
+
+print("pools", json.dumps([pool_cores(p) for p in pids]))
+print("main", json.dumps(sorted(os.sched_getaffinity(0))))
+synk.close()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread affinity from /proc (Linux)")
+def test_jax_pools_on_cores_of_their_own(no_thread_vars):
+    """Each CPU rank's JAX (XLA) thread pool runs on its share of the cores, not
+    on all of them beside the other ranks' pools; the processes keep all theirs."""
+    pytest.importorskip("jax")
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    proc = subprocess.run([sys.executable, "-c", _JAX_POOLS], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines())
+    assert float(lines["result"]) == 8 * 9, "8 rows of 3 ones times 3x3 ones"
+    pools = [set(p) for p in json.loads(lines["pools"])]
+    share = max(1, usable_cores() // 2)
+    assert all(len(p) == share for p in pools), pools
+    assert not pools[0] & pools[1], "the ranks' pools share no core: %s" % pools
+    assert len(json.loads(lines["main"])) == usable_cores(), "the master keeps all its cores"

@@ -60,6 +60,9 @@ class Device:
     def configure_jax(self):
         """Bring JAX's settings in line with PyTensor's (before functions compile)."""
 
+    def start_jax_pool(self):
+        """Start JAX's backend for this rank, when the session has JAX functions."""
+
     def worker_env(self, rank, n_parallel):
         """Environment variables for the process of worker ``rank``."""
         return {}

@@ -38,15 +38,15 @@ def _argument_types(fn):
     """The Numba type of the tuple of ``fn``'s graph inputs at a first call, or
     None if one of them cannot be foreseen (a non-tensor input with no value)."""
     import numba
+    from pytensor.tensor.type import TensorType
 
     types = []
     for var, cell in zip(fn.maker.fgraph.inputs, fn.vm.inputs):
         value = cell[0]
         if value is None:
-            dtype, ndim = getattr(var.type, "dtype", None), getattr(var.type, "ndim", None)
-            if dtype is None or ndim is None:
+            if type(var.type) is not TensorType:  # (sparse, lists, ...: left to the first call)
                 return None
-            value = np.empty((0,) * ndim, dtype=dtype)
+            value = np.empty((0,) * var.type.ndim, dtype=var.type.dtype)
         types.append(numba.typeof(value))
     return numba.types.Tuple(tuple(types))
 

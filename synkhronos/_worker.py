@@ -29,7 +29,7 @@ from . import _log, _shmem, _stacks
 from ._channel import ShmChannel, SocketChannel
 from ._core import reseed_generators
 from ._devices import select_device
-from ._devices.cpu import core_share, limit_threads, thread_pools, thread_share
+from ._devices.cpu import limit_threads, thread_pools, thread_share, worker_jax_cores
 from ._exchange import ExchangeBuffer, receive
 from ._faults import FAULT_ENV, Faults
 from ._plan import take_rows
@@ -44,15 +44,6 @@ __all__ = ["main"]
 logger = logging.getLogger(__name__)
 
 
-def _jax_cores(config, cluster):
-    """This CPU rank's cores for JAX's pool: by its place among its host's ranks,
-    as many as its share of threads (``core_share``)."""
-    if cluster is None:  # spawned on the master's host, which chose the share
-        return core_share(config["rank"], config.get("thread_share"))
-    share = thread_share(cluster.ranks_on_my_node(config["n_parallel"]), config.get("threads"))
-    return core_share(cluster.node_index, share)
-
-
 class _WorkerState:
     def __init__(self, config, cluster=None):
         self.rank = config["rank"]
@@ -64,7 +55,7 @@ class _WorkerState:
         remote = cluster is not None and cluster.remote(self.rank)
         self.device = select_device(config["device"] == "gpu", cluster=cluster, worker=True)
         if config["device"] != "gpu":
-            self.device.jax_cores = _jax_cores(config, cluster)
+            self.device.jax_cores = worker_jax_cores(config, cluster)
         self.exchange = ExchangeBuffer(self.token, self.rank, inline=remote)
         self.cache = _shmem.SegmentCache(host=cluster.host if remote else None)
         self.host_copies = {}  # slot -> Segment: this host's copies of Data (host leaders, MPI)

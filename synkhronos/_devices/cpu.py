@@ -10,7 +10,7 @@ import numpy as np
 from ._base import Device
 
 __all__ = ["CpuDevice", "usable_cores", "THREAD_VARS", "thread_share", "limit_threads", "thread_pools",
-           "core_share", "start_jax_pool"]
+           "core_share", "start_jax_pool", "worker_jax_cores"]
 
 # The variables by which a user fixes thread counts; any of them set means the
 # user chose, and no rank's threads are changed.
@@ -58,6 +58,15 @@ def core_share(index, threads):
     k = min(threads, len(usable))
     start = (index * k) % len(usable)
     return tuple(usable[(start + j) % len(usable)] for j in range(k))
+
+
+def worker_jax_cores(config, cluster):
+    """The cores of a worker's JAX pool (``core_share``), from its start-up
+    ``config``: by its place among its host's ranks, as many as its threads."""
+    if cluster is None:  # spawned on the master's host, which chose the share
+        return core_share(config["rank"], config.get("thread_share"))
+    share = thread_share(cluster.ranks_on_my_node(config["n_parallel"]), config.get("threads"))
+    return core_share(cluster.node_index, share)
 
 
 def start_jax_pool(cores):

@@ -52,7 +52,7 @@ def _check_once(counts, key):
 
 
 def test_every_function_compiled_once_for_all_ranks():
-    synk.fork(2)
+    synk.fork(2, use_gpu=False)
     rng = np.random.default_rng()
     # Constants new to every run: graphs no earlier run left in the compile cache.
     c = [float(v) for v in rng.uniform(1, 2, 3)]
@@ -79,7 +79,7 @@ def test_a_variant_compiled_in_the_master_first():
     """A call that needs a new variant (here: num_slices with updates, which
     the slices accumulate) compiles it in the master; the workers then load it
     from the cache."""
-    synk.fork(2)
+    synk.fork(2, use_gpu=False)
     rng = np.random.default_rng()
     x = pt.matrix("x")
     expr = (pt.sin(x) * float(rng.uniform(1, 2))).sum()
@@ -100,7 +100,7 @@ def test_a_function_numba_cannot_compile_fails_where_it_is_called():
     """distribute() goes on; the call raises Numba's error, as without compiling ahead."""
     from _untypable import untypable
 
-    synk.fork(2)
+    synk.fork(2, use_gpu=False)
     x = pt.vector("x")
     f = synk.function([x], outputs=(untypable(x).sum(), "sum"), mode="NUMBA")
     g = synk.function([x], outputs=(x.sum(), "sum"), mode="NUMBA")

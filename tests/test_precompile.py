@@ -52,26 +52,30 @@ def _check_once(counts, key):
 
 
 def test_every_function_compiled_once_for_all_ranks():
+    """Inputs of several kinds (float and int rows, a broadcast vector and
+    scalar): the types compiled ahead are those the calls have."""
     synk.fork(2, use_gpu=False)
     rng = np.random.default_rng()
     # Constants new to every run: graphs no earlier run left in the compile cache.
     c = [float(v) for v in rng.uniform(1, 2, 3)]
-    x, y = pt.matrix("x"), pt.vector("y")
-    exprs = [((x * c[0]).sum(), "sum"), ((x.dot(y) * c[1]).max(), "max"), ((pt.exp(x) * c[2]).mean(), "avg")]
-    fns = [synk.function([x], outputs=exprs[0], mode="NUMBA"),
-           synk.function([x], bcast_inputs=[y], outputs=exprs[1], mode="NUMBA"),
-           synk.function([x], outputs=exprs[2], mode="NUMBA")]
+    x, y, i, k = pt.matrix("x"), pt.vector("y"), pt.ivector("i"), pt.iscalar("k")
+    exprs = [(x * c[0]).sum(), (x.dot(y) * c[1]).max(), ((pt.exp(x) * c[2]).mean(axis=1) * i * k).sum()]
+    fns = [synk.function([x], outputs=(exprs[0], "sum"), mode="NUMBA"),
+           synk.function([x], bcast_inputs=[y], outputs=(exprs[1], "max"), mode="NUMBA"),
+           synk.function([x, i], bcast_inputs=[k], outputs=(exprs[2], "sum"), mode="NUMBA")]
     synk.distribute()
-    x_val = rng.standard_normal((50, 4)).astype(pytensor.config.floatX)
-    y_val = rng.standard_normal(4).astype(pytensor.config.floatX)
-    x_dat, y_dat = synk.data(x_val), synk.data(y_val)
-    for f, (expr, _), args in zip(fns, exprs, [(x_dat,), (x_dat, y_dat), (x_dat,)]):
-        plain = pytensor.function([x, y][:len(args)], expr, on_unused_input="ignore")
-        np.testing.assert_allclose(f(*args), plain(*(a.data for a in args)), rtol=1e-5)
+    fx = pytensor.config.floatX
+    x_val, y_val = rng.standard_normal((50, 4)).astype(fx), rng.standard_normal(4).astype(fx)
+    i_val = rng.integers(-5, 5, 50).astype("int32")
+    x_dat, y_dat, i_dat, k_dat = synk.data(x_val), synk.data(y_val), synk.data(i_val), synk.data(np.int32(3))
+    calls = [((x_dat,), [x], (x_val,)), ((x_dat, y_dat), [x, y], (x_val, y_val)),
+             ((x_dat, i_dat, k_dat), [x, i, k], (x_val, i_val, 3))]
+    for f, expr, (args, ins, vals) in zip(fns, exprs, calls):
+        np.testing.assert_allclose(f(*args), pytensor.function(ins, expr)(*vals), rtol=1e-5)
     counts = _counts()
     assert sorted(counts) == [0, 1]
-    for i, f in enumerate(fns):
-        _check_once(counts, (i, f._core.plain_key))
+    for n, f in enumerate(fns):
+        _check_once(counts, (n, f._core.plain_key))
     synk.close()
 
 

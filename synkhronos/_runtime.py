@@ -231,22 +231,19 @@ class Runtime:
         logger.debug("distribute: %d functions and %d shared variables pickled (%.1f MB) in %.2f s",
                      len(cores), len(shareds), len(payload) / 1e6, time.monotonic() - t0)
 
-        shares = compile_shares({i: graph_size(c.plain) for i, c in enumerate(cores)}, self._hosts())
+        jit = [i for i, c in enumerate(cores) if is_numba(c.plain)]
+        shares = compile_shares({i: graph_size(cores[i].plain) for i in jit}, self._hosts())
 
-        jax = uses_jax(cores)
-
-        def local():
-            if jax:
-                self.device.start_jax_pool()
+        def local():  # (the master's JAX pool started with its first JAX function)
             reseed_generators(shareds, cores, self.master_rank)
             self.device.place_shareds(shareds)
             for i in shares.get(self.master_rank, ()):
                 precompile(cores[i].plain)
 
-        notice = self._compile_notice(cores)
+        notice = self._compile_notice([cores[i].plain for i in jit])
         try:
             flags = _launch.pytensor_flags(_launch.SYNCED_FLAGS, changed_only=False)
-            self.dispatcher.request(Distribute(flags, payload, shares, jax), local=local)
+            self.dispatcher.request(Distribute(flags, payload, shares, uses_jax(cores)), local=local)
         except Exception:
             if notice is not None:
                 notice.close(failed=True)
@@ -263,10 +260,9 @@ class Runtime:
                                         before_get=self._settle_if_open)
         self.distributed = True
 
-    def _compile_notice(self, cores):
-        """A started notice for the Numba functions ``distribute()`` compiles
-        (see ``_precompile``), or None when there are none."""
-        jit = [c.plain for c in cores if is_numba(c.plain)]
+    def _compile_notice(self, jit):
+        """A started notice for the Numba functions ``jit`` that ``distribute()``
+        compiles (see ``_precompile``), or None when there are none."""
         if not jit:
             return None
         label = "%d function%s" % (len(jit), "" if len(jit) == 1 else "s")

@@ -114,6 +114,7 @@ def _distribute(state, msg):
     state.device.place_shareds(state.shareds)
     logger.debug("worker rank %d: loaded %d functions and %d shared variables in %.2f s", state.rank,
                  len(state.cores), len(state.shareds), time.monotonic() - t0)
+    t0 = time.monotonic()
     compiled = [i for i in msg.compile_shares.get(state.rank, ()) if precompile(state.cores[i].plain)]
     if compiled:
         logger.debug("worker rank %d: compiled functions %s for the others in %.2f s", state.rank,

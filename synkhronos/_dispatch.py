@@ -250,18 +250,22 @@ class Dispatcher:
 
     def _send(self, message, ranks, posted=False):
         per_rank = isinstance(message, dict)
-        label = None
+        if not ranks:
+            return [], None
+        if self.action is not None:
+            label = self.action
+        else:
+            label = COMMAND_OF[type(message[ranks[0]] if per_rank else message)].name.lower()
+        shared = None if per_rank else wire(message)  # one message for all: made once
         now = time.monotonic()
         sent = []
         dead = None
         for r in ranks:
             w = self.workers[r]
-            record = message[r] if per_rank else message
-            if label is None:
-                label = self.action or COMMAND_OF[type(record)].name.lower()
+            number, fields, _ = wire(message[r]) if per_rank else shared
             drops, w.pending_drops = w.pending_drops, []
             try:
-                w.channel.send(wire(record, drops))
+                w.channel.send((number, fields, drops))
             except OSError:
                 dead = r if dead is None else min(dead, r)
                 continue

@@ -285,11 +285,14 @@ class Function:
         return results
 
     def _local(self, rt, plan, specs):
-        """The master's share of a call, as a function of no arguments."""
+        """The master's share of a call, as a function of no arguments.  It
+        takes its arguments when it runs, after the workers were sent theirs:
+        a tiny call's round trip is the worker's path, so the master does what
+        it can once the message is on its way."""
         core, device, m = self._core, rt.device, rt.master_rank
-        args = plan.master_args(m)
 
         def local():
+            args = plan.master_args(m)
             if specs is not None:
                 return run_reduced(core, device, specs, m, plan.weighted, *args)
             weight, outputs = run_local(core, device, *args)
@@ -302,38 +305,45 @@ class Function:
         """Run ``plan`` on every rank: ``(master's result, workers' replies)``, or
         ``(None, None)`` for a call that was only queued."""
         core = self._core
+        key = core.prepare(plan.subset, plan.num_slices, plan.share_sels[rt.master_rank])
+        if key not in self._ran:
+            return self._send_first(rt, plan, specs, key)
         messages = plan.messages(core.ID, rt.worker_ranks)
         local = self._local(rt, plan, specs)
-        # Compile a new variant here first: workers then load it from PyTensor's warm cache
-        # instead of each compiling it at once.
-        key = core.prepare(plan.subset, plan.num_slices, plan.share_sels[rt.master_rank])
-        # Numba and JAX compile on a function's first call, on every rank: say so if it takes long.
-        first = key not in self._ran
-        notice = _log.compile_notice(self._what, core.compiled(*key), rt.n_parallel) if first else None
-        # Queued devices: a call with nothing to return and no Data to read (which
-        # the user may overwrite once the call returns) need not wait for the workers.
-        posted = rt.device.queued and not plan.subset and not (plan.scat or plan.bcast)
         dispatcher = rt.dispatcher
         dispatcher.action = self._label
-        failed = True
         try:
-            if first:  # Numba: compile here first, and the workers load it from the cache
-                precompile(core.compiled(*key))
-            if posted:
+            # Queued devices: a call with nothing to return and no Data to read (which
+            # the user may overwrite once the call returns) need not wait for the workers.
+            if rt.device.queued and not plan.subset and not (plan.scat or plan.bcast):
                 dispatcher.post(messages, local=local, binding=False)
-                failed = False
                 return None, None
-            mine, replies = dispatcher.request(messages, local=local)
-            failed = False
-            return mine, replies
+            return dispatcher.request(messages, local=local)
         finally:
             dispatcher.action = None
-            rt.registry.forget_shapes(self._reshaped_ids(rt))
-            if first:
-                if notice is not None:
-                    notice.close(failed)
-                if not failed:
-                    self._ran.add(key)
+            if self._reshaped:
+                rt.registry.forget_shapes(self._reshaped)
+
+    def _send_first(self, rt, plan, specs, key):
+        """``_send`` for the first call of a variant (``key``): compiled here
+        first (Numba), so that the workers load it from PyTensor's warm cache
+        instead of each compiling it at once, and announced if it takes long."""
+        self._reshaped_ids(rt)
+        compiled = self._core.compiled(*key)
+        notice = _log.compile_notice(self._what, compiled, rt.n_parallel)
+        failed = True
+        try:
+            precompile(compiled)
+            self._ran.add(key)  # for the call below, which then takes the usual path
+            result = self._send(rt, plan, specs)
+            failed = False
+            return result
+        except BaseException:
+            self._ran.discard(key)
+            raise
+        finally:
+            if notice is not None:
+                notice.close(failed)
 
 
 def _function_handle(token, index, what, owner):

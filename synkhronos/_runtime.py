@@ -146,6 +146,8 @@ class Runtime:
         self.n_parallel = n_parallel
         self.cluster = cluster  # the ranks of an MPI launch (synkhronos._mpi.Cluster), or None
         self.master_rank = master_rank
+        # Every call sends to these: a tuple made once, not a list per call.
+        self.worker_ranks = tuple(r for r in range(n_parallel) if r != master_rank)
         self.device = device
         self.profile_workers = profile_workers
         self.spin = spin_seconds()
@@ -163,10 +165,6 @@ class Runtime:
 
     # ------------------------------------------------------------- queries
     @property
-    def worker_ranks(self):
-        return [r for r in range(self.n_parallel) if r != self.master_rank]
-
-    @property
     def workers(self):
         """rank -> ``_launch.WorkerHandle``."""
         return self.dispatcher.workers
@@ -182,7 +180,7 @@ class Runtime:
 
     def remote(self, rank):
         """Whether worker ``rank`` runs on another host (MPI launch)."""
-        return self.publisher.remote(rank)
+        return self.cluster is not None and self.publisher.remote(rank)
 
     def local_workers(self):
         """The worker ranks that map this host's memory."""

@@ -31,7 +31,8 @@ def gather_arrays(rt, ids, ranks=None):
     workers = [r for r in ranks if r != m]
     shared = rt.registry.shared
     local = (lambda: [dev.get_value(shared(i)) for i in ids]) if m in ranks else None
-    mine, replies = rt.dispatcher.request(SendShareds(ids), ranks=workers, local=local)
+    message = SendShareds(ids) if workers else None  # get_value(master): only settles owed replies
+    mine, replies = rt.dispatcher.request(message, ranks=workers, local=local)
     out = {r: receive(tokens, rt.cache) for r, tokens in replies.items()}
     if m in ranks:
         out[m] = mine
@@ -48,11 +49,11 @@ def set_all(rt, variables, ids, values, rows=None, ranks=None, argname="values")
     def rows_of(rank):
         return [None] * len(ids) if rows is None else rows[rank]
 
-    for r in ranks:
+    for r in ranks if rows is not None else ranks[:1]:  # without rows, every rank gets the same
         for var, v, sel in zip(variables, values, rows_of(r)):
             shape = array_of(v).shape
             check_static(var, shape if sel is None else (selection_length(sel),) + shape[1:], argname)
-    if any(rt.remote(r) for r in ranks):
+    if rt.cluster is not None and any(rt.remote(r) for r in ranks):
         # A round trip of its own: first.
         rt.publisher.publish([v._memory for v in values if isinstance(v, Data)])
 

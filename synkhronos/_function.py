@@ -305,10 +305,15 @@ class Function:
         """Run ``plan`` on every rank: ``(master's result, workers' replies)``, or
         ``(None, None)`` for a call that was only queued."""
         core = self._core
-        key = core.prepare(plan.subset, plan.num_slices, plan.share_sels[rt.master_rank])
+        share_sel = plan.share_sels[rt.master_rank]
+        # The usual call's variant key, as ``prepare`` would make it (it ran once already).
+        key = (plan.subset, False, None) if plan.num_slices == 1 and share_sel is None else None
         if key not in self._ran:
-            return self._send_first(rt, plan, specs, key)
-        messages = plan.messages(core.ID, rt.worker_ranks)
+            key = core.prepare(plan.subset, plan.num_slices, share_sel)
+            if key not in self._ran:
+                return self._send_first(rt, plan, specs, key)
+        workers = rt.worker_ranks
+        messages = plan.messages(core.ID, workers)
         local = self._local(rt, plan, specs)
         dispatcher = rt.dispatcher
         dispatcher.action = self._label
@@ -316,9 +321,9 @@ class Function:
             # Queued devices: a call with nothing to return and no Data to read (which
             # the user may overwrite once the call returns) need not wait for the workers.
             if rt.device.queued and not plan.subset and not (plan.scat or plan.bcast):
-                dispatcher.post(messages, local=local, binding=False)
+                dispatcher.post(messages, workers, local=local, binding=False)
                 return None, None
-            return dispatcher.request(messages, local=local)
+            return dispatcher.request(messages, workers, local=local)
         finally:
             dispatcher.action = None
             if self._reshaped:

@@ -116,6 +116,8 @@ class StreamMixin:
         if self.wait_hook is None:
             event.synchronize()
             return
+        if event.done:  # a value computed long ago: one query, nothing to set up
+            return
         # Poll alone at first: a short wait (a tiny call's outputs) should not
         # pay for a sleep.
         poll_until(lambda: event.done, self.wait_hook)

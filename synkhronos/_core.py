@@ -139,15 +139,14 @@ class FunctionCore:
         kwargs.setdefault("on_unused_input", "ignore")
         return compile_function(ins, outs, updates=updates, givens=givens, **kwargs)
 
-    def prepare(self, subset, num_slices, share_sel):
-        """Compile the variant a call with these arguments will most likely use;
-        returns its key ``(subset, accumulate, share_kind)``."""
+    def variant_key(self, subset, num_slices, share_sel):
+        """The key ``(subset, accumulate, share_kind)`` of the variant a call with
+        these arguments will most likely use (``compiled(*key)`` builds it)."""
         if num_slices > 1 and (self.n_scatter or self.sliceable):
-            key = subset, bool(self.updates), self.sliced_kind(share_sel)
-        else:
-            key = subset, False, self.share_args(share_sel, None)[0]
-        self.compiled(*key)
-        return key
+            return subset, bool(self.updates), self.sliced_kind(share_sel)
+        if share_sel is None:  # the usual call: no selection to look at
+            return subset, False, None
+        return subset, False, self.share_args(share_sel, None)[0]
 
     def sliced_kind(self, share_sel):
         if not self.sliceable:

@@ -305,13 +305,9 @@ class Function:
         """Run ``plan`` on every rank: ``(master's result, workers' replies)``, or
         ``(None, None)`` for a call that was only queued."""
         core = self._core
-        share_sel = plan.share_sels[rt.master_rank]
-        # The usual call's variant key, as ``prepare`` would make it (it ran once already).
-        key = (plan.subset, False, None) if plan.num_slices == 1 and share_sel is None else None
+        key = core.variant_key(plan.subset, plan.num_slices, plan.share_sels[rt.master_rank])
         if key not in self._ran:
-            key = core.prepare(plan.subset, plan.num_slices, share_sel)
-            if key not in self._ran:
-                return self._send_first(rt, plan, specs, key)
+            return self._send_first(rt, plan, specs, key)
         workers = rt.worker_ranks
         messages = plan.messages(core.ID, workers)
         local = self._local(rt, plan, specs)
@@ -326,14 +322,14 @@ class Function:
             return dispatcher.request(messages, workers, local=local)
         finally:
             dispatcher.action = None
-            if self._reshaped:
-                rt.registry.forget_shapes(self._reshaped)
+            reshaped = self._reshaped_ids(rt)
+            if reshaped:
+                rt.registry.forget_shapes(reshaped)
 
     def _send_first(self, rt, plan, specs, key):
         """``_send`` for the first call of a variant (``key``): compiled here
         first (Numba), so that the workers load it from PyTensor's warm cache
         instead of each compiling it at once, and announced if it takes long."""
-        self._reshaped_ids(rt)
         compiled = self._core.compiled(*key)
         notice = _log.compile_notice(self._what, compiled, rt.n_parallel)
         failed = True

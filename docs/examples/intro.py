@@ -25,5 +25,5 @@ y_synk = synk.data(y_dat)
 r_th = f_th(x_dat, y_dat)
 r = f(x_synk, y_synk)
 
-assert np.allclose(r, r_th)
+assert np.allclose(r, r_th, atol=1e-6)  # float32 sums in another order: close to 0, rtol alone is too strict
 print("All assertions passed.")

@@ -7,7 +7,7 @@ import tempfile
 import time
 
 __all__ = ["SHM_DIR", "segments", "proc_stat", "proc_exists", "worker_children", "our_segments",
-           "our_tmpdirs", "socket_inodes", "Leftovers"]
+           "orphaned_segments", "our_tmpdirs", "socket_inodes", "Leftovers"]
 
 SHM_DIR = "/dev/shm"
 
@@ -22,6 +22,21 @@ def our_segments():
     """Shared-memory segments and semaphores of any session started by this process."""
     pattern = re.compile(r"(sem\.)?synk_%d[0-9a-f]{32}_" % os.getpid())
     return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n))
+
+
+def orphaned_segments():
+    """Segments and semaphores of any session whose master process is gone: what
+    finished runs left behind.  Live sessions of other processes (another worker
+    of a parallel test run) are not counted."""
+    if not os.path.isdir(SHM_DIR):
+        return set()
+    pattern = re.compile(r"(sem\.)?synk_(\d+)[0-9a-f]{32}_")
+    left = set()
+    for name in os.listdir(SHM_DIR):
+        match = pattern.match(name)
+        if match and proc_stat(int(match.group(2))) is None:
+            left.add(name)
+    return left
 
 
 def our_tmpdirs():

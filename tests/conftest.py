@@ -1,5 +1,7 @@
 """Test settings: PyTensor compiles with FAST_COMPILE so that a cold machine does not
-spend minutes in Numba; workers inherit the flag through the environment."""
+spend minutes in Numba; workers inherit the flag through the environment.  Test
+modules run in parallel (pytest-xdist, ``-n auto`` in pyproject.toml): how many at
+once is decided here; ``-n 0`` runs them one after the other."""
 
 import os
 
@@ -8,6 +10,22 @@ os.environ.setdefault("PYTENSOR_FLAGS", "mode=FAST_COMPILE")
 import pytest  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
+
+MAX_PARALLEL_MODULES = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Test processes for ``-n auto``: one per core up to MAX_PARALLEL_MODULES.
+    Most tests wait on their sessions' workers more than they compute (run one
+    module at a time, the suite keeps one of two cores busy), so two modules at
+    once fit even on 2 cores.  None on one core, and none where GPUs
+    are visible: GPU tests take every GPU, so two at once would share them."""
+    from synkhronos._devices import visible_gpus
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores < 2 or visible_gpus():
+        return 0
+    return min(cores, MAX_PARALLEL_MODULES)
 
 
 def pytest_addoption(parser):

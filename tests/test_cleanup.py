@@ -10,6 +10,7 @@ os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is importe
 
 import gc  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -39,9 +40,11 @@ BIG_ROWS = 40000  # (40000, 3) float32 = 480 kB: outputs travel through shared m
 
 
 def _semaphores(token):
-    """POSIX semaphores (``sem.<name>``) that could belong to Synkhronos."""
+    """POSIX semaphores (``sem.<name>``) of session ``token`` or of any other session
+    this process started (not another process's: the suite runs in parallel)."""
+    ours = re.compile(r"sem\.synk_%d[0-9a-f]{32}_" % os.getpid())
     return sorted(n for n in os.listdir(SHM_DIR)
-                  if n.startswith("sem.") and (token in n or "synk" in n.lower()))
+                  if n.startswith("sem.") and (token in n or ours.match(n)))
 
 
 def _running(pid, start):
@@ -299,7 +302,9 @@ class _Script:
         info = self.info
         assert {"d0", "r0", "r1"} <= _slots(info["segments"]), info["segments"]
         assert all(n > 0 for n in info["mapped"].values()), info["mapped"]  # maps were readable
-        assert [n for n in info["semaphores"] if "synk" in n] == []  # unlinked once the workers run
+        # unlinked once the workers run (the script's sessions carry its pid in their names)
+        mine = re.compile(r"sem\.synk_%d[0-9a-f]{32}_" % self.proc.pid)
+        assert [n for n in info["semaphores"] if mine.match(n)] == []
 
     def wait(self, timeout=60):
         try:

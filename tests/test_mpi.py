@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from _mpirun import MPICH, MPIRUN, ROOT, mpi_env
+from _procs import orphaned_segments
 
 HERE = ROOT / "tests"
 
@@ -24,14 +25,8 @@ def mpirun(n, script, *args, options=(), env=None, timeout=180):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-def _segments():
-    if not os.path.isdir("/dev/shm"):
-        return set()
-    return {e for e in os.listdir("/dev/shm") if e.startswith("synk_")}
-
-
 def test_functions_and_collectives_match_the_single_host_runtime(tmp_path):
-    before = _segments()
+    before = orphaned_segments()
     multi = mpirun(4, HERE / "_mpi_session.py", tmp_path / "mpi.npz")
     assert multi.returncode == 0, multi.stdout + multi.stderr
     assert "on 4 hosts" in multi.stderr
@@ -42,7 +37,7 @@ def test_functions_and_collectives_match_the_single_host_runtime(tmp_path):
     assert sorted(one.files) == sorted(many.files) and len(one.files) > 40
     for key in one.files:
         np.testing.assert_allclose(many[key], one[key], rtol=1e-6, err_msg=key)
-    assert _segments() <= before
+    assert orphaned_segments() <= before
 
 
 def test_an_error_on_another_host_reaches_the_master_and_the_session_goes_on():
@@ -54,7 +49,7 @@ def test_an_error_on_another_host_reaches_the_master_and_the_session_goes_on():
 @pytest.mark.parametrize("where, fault", [("call", "2:call:2:crash"), ("collective", "2:collective:1:crash")])
 def test_a_dead_rank_on_another_host_raises_in_the_master(where, fault):
     """``--enable-recovery``: Open MPI's launcher lets the other ranks run on."""
-    before = _segments()
+    before = orphaned_segments()
     t0 = time.monotonic()
     out = mpirun(4, HERE / "_mpi_fault.py", where, options=["--enable-recovery"],
                  env={"SYNKHRONOS_FAULT": fault}, timeout=120)
@@ -64,7 +59,7 @@ def test_a_dead_rank_on_another_host_raises_in_the_master(where, fault):
     assert float(caught[0].split()[2]) < 10
     assert "CLOSED: Synkhronos is not forked" in out.stdout
     assert time.monotonic() - t0 < 60
-    assert _segments() <= before
+    assert orphaned_segments() <= before
 
 
 def test_fewer_ranks_than_launched_and_an_unchanged_example(tmp_path):
@@ -153,7 +148,7 @@ def test_mpich_hydra_launch(tmp_path):
     assert sorted(one.files) == sorted(many.files)
     for key in one.files:
         np.testing.assert_allclose(many[key], one[key], rtol=1e-6, err_msg=key)
-    before = _segments()
+    before = orphaned_segments()
     crash = subprocess.run([hydra, "-disable-auto-cleanup", "-n", "4", sys.executable,
                             str(HERE / "_mpi_fault.py"), "call"], capture_output=True, text=True,
                            timeout=120, env=dict(env, SYNKHRONOS_FAULT="2:call:2:crash"), cwd=ROOT)
@@ -161,4 +156,4 @@ def test_mpich_hydra_launch(tmp_path):
     assert caught and "worker rank 2" in caught[0], crash.stdout + crash.stderr
     assert float(caught[0].split()[2]) < 10
     assert "CLOSED: Synkhronos is not forked" in crash.stdout
-    assert _segments() <= before
+    assert orphaned_segments() <= before

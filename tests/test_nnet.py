@@ -261,3 +261,25 @@ def test_batch_norm_and_cross_entropy_match_numpy():
     ref_lp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
     np.testing.assert_allclose(lp, ref_lp, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(ce, -(targets * ref_lp).sum(axis=1).mean(), rtol=1e-10, atol=1e-12)
+
+
+def test_every_differentiable_op_answers_pytensor_2s_gradient_call():
+    """PyTensor 3 asks an Op for ``pullback``, PyTensor 2.x (which PyMC pins) for
+    ``L_op``; PyTensor 3's own ``L_op`` would forward to ``pullback``, so only
+    the override shows that 2.x gets the gradient too.  Each op's ``L_op`` must
+    build the graph ``pullback`` builds."""
+    from pytensor.graph.basic import equal_computations
+    from pytensor.graph.op import Op
+
+    from synkhronos.extensions import nnet
+
+    ops = [v for v in vars(nnet).values() if isinstance(v, type) and issubclass(v, Op)]
+    differentiable = [op for op in ops if op.pullback is not Op.pullback]
+    assert {op.__name__ for op in differentiable} >= {"Conv2d", "Pool2d"}
+    for op in differentiable:
+        assert op.L_op is not Op.L_op, op.__name__
+    x = pt.tensor4("x", dtype=F)
+    for y in (max_pool2d(x, 2), conv2d(x, pt.tensor4("w", dtype=F))):
+        node, gy = y.owner, pt.tensor4("gy", dtype=F)
+        assert equal_computations(node.op.L_op(node.inputs, node.outputs, [gy]),
+                                  node.op.pullback(node.inputs, node.outputs, [gy]))

@@ -57,7 +57,15 @@ def _as4d(x, argname):
     return x
 
 
-class _ConvBase(Op):
+class _PullbackOp(Op):
+    """An Op whose gradient is its ``pullback`` on every PyTensor we support:
+    PyTensor 3 asks ``pullback``, PyTensor 2.x (which PyMC pins) asks ``L_op``."""
+
+    def L_op(self, inputs, outputs, output_grads):
+        return self.pullback(inputs, outputs, output_grads)
+
+
+class _ConvBase(_PullbackOp):
     __props__ = ("stride", "padding", "dilation", "groups")
     bf16_product = True  # fork(precision="bf16") computes it in bfloat16 (see the docs' Precision)
 
@@ -128,7 +136,7 @@ class Conv2dGradWeight(_ConvBase):
         return [shapes[1]]
 
 
-class _PoolBase(Op):
+class _PoolBase(_PullbackOp):
     __props__ = ("ws", "stride", "padding", "mode")
 
     def __init__(self, ws, stride, padding, mode):

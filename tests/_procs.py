@@ -6,8 +6,8 @@ import re
 import tempfile
 import time
 
-__all__ = ["SHM_DIR", "segments", "proc_stat", "proc_exists", "worker_children", "our_segments",
-           "orphaned_segments", "our_tmpdirs", "socket_inodes", "Leftovers"]
+__all__ = ["SHM_DIR", "segments", "session_names", "proc_stat", "proc_exists", "worker_children",
+           "our_segments", "orphaned_segments", "our_tmpdirs", "socket_inodes", "Leftovers"]
 
 SHM_DIR = "/dev/shm"
 
@@ -18,9 +18,15 @@ def segments(token):
     return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix) or n.startswith("sem." + prefix))
 
 
+def session_names(pid):
+    """The pattern of the segment and semaphore names of every session that
+    process ``pid`` started (a session's token begins with its master's pid)."""
+    return re.compile(r"(sem\.)?synk_%d[0-9a-f]{32}_" % pid)
+
+
 def our_segments():
     """Shared-memory segments and semaphores of any session started by this process."""
-    pattern = re.compile(r"(sem\.)?synk_%d[0-9a-f]{32}_" % os.getpid())
+    pattern = session_names(os.getpid())
     return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n))
 
 

@@ -10,7 +10,6 @@ os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is importe
 
 import gc  # noqa: E402
 import json  # noqa: E402
-import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -21,7 +20,7 @@ import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import pytest  # noqa: E402
-from _procs import SHM_DIR  # noqa: E402
+from _procs import SHM_DIR, session_names  # noqa: E402
 from _procs import proc_exists as _exists  # noqa: E402
 from _procs import proc_stat as _stat  # noqa: E402
 from _procs import segments as _segments  # noqa: E402
@@ -42,7 +41,7 @@ BIG_ROWS = 40000  # (40000, 3) float32 = 480 kB: outputs travel through shared m
 def _semaphores(token):
     """POSIX semaphores (``sem.<name>``) of session ``token`` or of any other session
     this process started (not another process's: the suite runs in parallel)."""
-    ours = re.compile(r"sem\.synk_%d[0-9a-f]{32}_" % os.getpid())
+    ours = session_names(os.getpid())
     return sorted(n for n in os.listdir(SHM_DIR)
                   if n.startswith("sem.") and (token in n or ours.match(n)))
 
@@ -303,7 +302,7 @@ class _Script:
         assert {"d0", "r0", "r1"} <= _slots(info["segments"]), info["segments"]
         assert all(n > 0 for n in info["mapped"].values()), info["mapped"]  # maps were readable
         # unlinked once the workers run (the script's sessions carry its pid in their names)
-        mine = re.compile(r"sem\.synk_%d[0-9a-f]{32}_" % self.proc.pid)
+        mine = session_names(self.proc.pid)
         assert [n for n in info["semaphores"] if mine.match(n)] == []
 
     def wait(self, timeout=60):

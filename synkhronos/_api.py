@@ -223,22 +223,28 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
 
 @_runtime.action("distribute()")
 def distribute():
-    """Replicate all Synkhronos functions, and their shared variables, in the
-    workers.  Call once, after building the last function and before calling any.
+    """Replicate the Synkhronos functions built so far, and their shared
+    variables, in the workers.  Call after building functions and before
+    calling them.
 
-    All functions are pickled together, so a shared variable used by several
-    functions stays one variable in each worker.
+    Each call sends only what was built since the last one, so functions can be
+    added later (``synkhronos.pymc.data_parallel`` does so by itself): build,
+    ``distribute()`` again, call.  A shared variable stays one variable in each
+    worker, whichever functions use it and whenever they were distributed.
+    Sending all functions in one call lets the ranks share out their compiles.
 
     Raises
     ------
     RuntimeError
-        If not forked, or already distributed.
+        If not forked.
     WorkerError
         If a worker could not load the functions (say, a custom Op whose
         module it cannot import).  The session is closed then, since its ranks
         no longer hold the same functions.
     """
-    rt = _runtime.require(distributed=False)
+    rt = _runtime.require()
+    if rt.distributed and not any(rt.registry.undistributed()):
+        return
     logger.info("Synkhronos distributing functions...")
     t0 = time.monotonic()
     rt.distribute()

@@ -21,7 +21,7 @@ from ._plan import (
 )
 from ._warnings import compiler_warnings_hidden
 
-__all__ = ["FunctionCore", "compile_function", "dumps_cores", "is_jax_mode", "links_with_jax",
+__all__ = ["FunctionCore", "compile_function", "dumps_cores", "loads_cores", "is_jax_mode", "links_with_jax",
            "reseed_generators", "uses_jax"]
 
 
@@ -255,7 +255,7 @@ def _reseeded(value, rank):
     return np.random.Generator(type(value.bit_generator)(seq))
 
 
-def reseed_generators(shareds, cores, rank):
+def reseed_generators(shareds, cores, rank, known=()):
     """Give rank ``rank`` its own random stream, so that dropout and other
     sampling differ between ranks instead of repeating the same draws on every
     part of the batch.  Reseeds every numpy ``Generator`` shared variable
@@ -268,6 +268,7 @@ def reseed_generators(shareds, cores, rank):
     reseeded; that copy is made again from the reseeded variable, as PyTensor
     makes it from the variable when it compiles the function."""
     cells, jax_copies = [var.container.storage for var in shareds], []
+    done = {id(var.container.storage) for var in known}  # reseeded when they were distributed
     for core in cores:
         for fn in core._variants.values():
             for inp, container in zip(fn.maker.inputs, fn.input_storage):
@@ -275,7 +276,7 @@ def reseed_generators(shareds, cores, rank):
                     jax_copies.append((container.storage, inp.variable))
                 else:
                     cells.append(container.storage)
-    for cell in {id(c): c for c in cells}.values():  # a cell shared by functions once
+    for cell in {id(c): c for c in cells if id(c) not in done}.values():  # a cell shared by functions once
         new = _reseeded(cell[0], rank)
         if new is not None:
             cell[0] = new
@@ -287,17 +288,55 @@ def reseed_generators(shareds, cores, rank):
             cell[0] = jax_typify(value)
 
 
-def dumps_cores(obj):
+def dumps_cores(obj, known=()):
     """``pickle.dumps`` of function cores, whose compiled functions load with
-    ``_load_function``."""
+    ``_load_function``.
+
+    ``known`` are the shared variables the workers already hold, by index: a
+    new function that uses one must use the worker's variable, not a copy, so
+    each is pickled as a reference (its variable, container and value cell) that
+    ``loads_cores`` resolves against the worker's list."""
     from pytensor.compile import Function
 
     buf = io.BytesIO()
-    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler = _KnownPickler(buf, known)
     pickler.dispatch_table = copyreg.dispatch_table.copy()
     pickler.dispatch_table[Function] = _reduce_function
     pickler.dump(obj)
     return buf.getvalue()
+
+
+def loads_cores(blob, known):
+    """What ``dumps_cores`` pickled, with references into ``known`` (the
+    worker's shared variables) resolved."""
+    return _KnownUnpickler(io.BytesIO(blob), known).load()
+
+
+_PARTS = ("var", "container", "cell")
+
+
+def _parts(var):
+    return var, var.container, var.container.storage
+
+
+class _KnownPickler(pickle.Pickler):
+    def __init__(self, buf, known):
+        super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        self._refs = {id(obj): (part, i) for i, var in enumerate(known)
+                      for part, obj in zip(_PARTS, _parts(var))}
+
+    def persistent_id(self, obj):
+        return self._refs.get(id(obj)) if self._refs else None
+
+
+class _KnownUnpickler(pickle.Unpickler):
+    def __init__(self, file, known):
+        super().__init__(file)
+        self._known = known
+
+    def persistent_load(self, pid):
+        part, i = pid
+        return _parts(self._known[i])[_PARTS.index(part)]
 
 
 def _reduce_function(fn):

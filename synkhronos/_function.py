@@ -54,14 +54,14 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     Raises
     ------
     RuntimeError
-        If Synkhronos is not forked, or already distributed.
+        If Synkhronos is not forked.
     TypeError
         If an argument is malformed.
     ValueError
         For an unknown reduce operation, or a sliceable shared variable that the
         function does not use.
     """
-    rt = _runtime.require(distributed=False)
+    rt = _runtime.require()
     scat = as_var_list(inputs, "inputs")
     bcast = as_var_list(bcast_inputs, "bcast_inputs")
     check_inputs(scat, bcast)
@@ -241,7 +241,7 @@ class Function:
         Raises
         ------
         RuntimeError
-            If not distributed, or closed.
+            If not distributed (since it was built), or closed.
         TypeError, ValueError
             For malformed arguments.
         WorkerError
@@ -260,6 +260,9 @@ class Function:
             raise RuntimeError("this function belongs to a closed Synkhronos session; build "
                                "functions again after fork()")
         core = self._core
+        if not rt.registry.is_distributed(core.ID):
+            raise RuntimeError("this function was built after the last synkhronos.distribute(): "
+                               "call distribute() again to send it to the workers")
         ordered = self._order_inputs(args, kwargs)
         self._check_datas(ordered, rt)
         plan = plan_call(ordered, core.n_scatter, len(core.outputs), core.sliceable, rt.n_parallel,

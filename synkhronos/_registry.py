@@ -19,6 +19,10 @@ class Registry:
         # Per-rank shapes of shared variables, by index, as far as the master knows
         # them (device collectives need every rank's sizes before they start).
         self._shapes = {}
+        # How many functions and shared variables the workers hold: the first ones
+        # registered (distribute() sends only those added since).
+        self.n_distributed_functions = 0
+        self.n_distributed_shareds = 0
 
     # ------------------------------------------------------------ functions
     def add_function(self, fn, shareds):
@@ -40,6 +44,20 @@ class Registry:
         """The registered functions, in order (a copy)."""
         return list(self._functions)
 
+    def is_distributed(self, index):
+        """Whether the workers hold function ``index``."""
+        return index < self.n_distributed_functions
+
+    def undistributed(self):
+        """(functions, shared variables) registered since the last distribution."""
+        return (self._functions[self.n_distributed_functions:],
+                self._shareds[self.n_distributed_shareds:])
+
+    def mark_distributed(self):
+        """The workers now hold every registered function and shared variable."""
+        self.n_distributed_functions = len(self._functions)
+        self.n_distributed_shareds = len(self._shareds)
+
     # -------------------------------------------------------------- shareds
     def add_shareds(self, variables):
         for v in variables:
@@ -51,6 +69,11 @@ class Registry:
         """Index of ``var`` among the shared variables, or None.  A dict, not a
         scan: every collective looks its variables up."""
         return self._shared_ids.get(id(var))
+
+    def distributed_shared_id(self, var):
+        """Index of ``var`` if the workers hold it, else None."""
+        i = self._shared_ids.get(id(var))
+        return i if i is not None and i < self.n_distributed_shareds else None
 
     def shared(self, index):
         return self._shareds[index]

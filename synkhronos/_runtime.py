@@ -50,7 +50,7 @@ def require(distributed=None):
     Parameters
     ----------
     distributed : bool or None
-        True: ``distribute()`` must have run; False: it must not have; None: either.
+        True: ``distribute()`` must have run; None: either.
     """
     rt = _runtime
     if rt is None:
@@ -62,11 +62,6 @@ def require(distributed=None):
     rt.check_owner()
     if distributed is True and not rt.distributed:
         raise RuntimeError("Synkhronos functions are not distributed: call synkhronos.distribute() first")
-    if distributed is False and rt.distributed:
-        raise RuntimeError(
-            "Synkhronos is already distributed: build every function before calling "
-            "synkhronos.distribute() (it can be called once per fork())"
-        )
     return rt
 
 
@@ -222,10 +217,13 @@ class Runtime:
                          time.monotonic() - t0)
 
     def distribute(self):
+        """Send the workers the functions and shared variables registered since
+        the last distribution (all of them the first time)."""
         t0 = time.monotonic()
-        cores = [f._core for f in self.registry.functions]
-        shareds = self.registry.shareds
-        payload = dumps_cores((cores, shareds))
+        functions, shareds = self.registry.undistributed()
+        known = self.registry.shareds[:self.registry.n_distributed_shareds]
+        cores = [f._core for f in functions]
+        payload = dumps_cores((cores, shareds), known)
         logger.debug("distribute: %d functions and %d shared variables pickled (%.1f MB) in %.2f s",
                      len(cores), len(shareds), len(payload) / 1e6, time.monotonic() - t0)
 
@@ -233,7 +231,7 @@ class Runtime:
         shares = compile_shares({i: graph_size(cores[i].plain) for i in jit}, self._hosts())
 
         def local():  # (the master's JAX pool started with its first JAX function)
-            reseed_generators(shareds, cores, self.master_rank)
+            reseed_generators(shareds, cores, self.master_rank, known)
             self.device.place_shareds(shareds)
             for i in shares.get(self.master_rank, ()):
                 precompile(cores[i].plain)
@@ -256,6 +254,7 @@ class Runtime:
         if self.device.has_collectives:
             self.device.numpy_interface(shareds, on_set=self.registry.forget_shape,
                                         before_get=self._settle_if_open)
+        self.registry.mark_distributed()
         self.distributed = True
 
     def _compile_notice(self, jit):

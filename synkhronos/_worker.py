@@ -17,7 +17,6 @@ import functools
 import json
 import logging
 import os
-import pickle
 import shutil
 import signal
 import sys
@@ -27,7 +26,7 @@ import time
 
 from . import _log, _shmem, _stacks
 from ._channel import ShmChannel, SocketChannel
-from ._core import reseed_generators
+from ._core import loads_cores, reseed_generators
 from ._devices import select_device
 from ._devices.cpu import limit_threads, thread_pools, thread_share, worker_jax_cores
 from ._exchange import ExchangeBuffer, receive
@@ -109,13 +108,16 @@ def _distribute(state, msg):
     state.device.configure_jax()
     if msg.jax:  # before loading the functions starts JAX's backend
         state.device.start_jax_pool()
-    state.cores, state.shareds = pickle.loads(blob)
-    reseed_generators(state.shareds, state.cores, state.rank)
-    state.device.place_shareds(state.shareds)
+    known = state.shareds or []
+    cores, shareds = loads_cores(blob, known)
+    reseed_generators(shareds, cores, state.rank, known)
+    state.device.place_shareds(shareds)
+    state.cores = (state.cores or []) + cores
+    state.shareds = known + shareds
     logger.debug("worker rank %d: loaded %d functions and %d shared variables in %.2f s", state.rank,
-                 len(state.cores), len(state.shareds), time.monotonic() - t0)
+                 len(cores), len(shareds), time.monotonic() - t0)
     t0 = time.monotonic()
-    compiled = [i for i in msg.compile_shares.get(state.rank, ()) if precompile(state.cores[i].plain)]
+    compiled = [i for i in msg.compile_shares.get(state.rank, ()) if precompile(cores[i].plain)]
     if compiled:
         logger.debug("worker rank %d: compiled functions %s for the others in %.2f s", state.rank,
                      compiled, time.monotonic() - t0)

@@ -418,10 +418,13 @@ def test_wrong_order_after_fork(fresh):
             call()
         assert name
     synk.distribute()
-    with pytest.raises(RuntimeError, match="already distributed"):
-        synk.distribute()
-    with pytest.raises(RuntimeError, match="already distributed"):
-        synk.function([x], x.max())
+    synk.distribute()  # nothing new: nothing sent
+    t = pytensor.shared(np.ones(2, dtype=F32), name="t")
+    g = synk.function([x], x.max() + t.sum())  # built after distribute(): needs another
+    with pytest.raises(RuntimeError, match="built after the last synkhronos.distribute"):
+        g(d)
+    with pytest.raises(RuntimeError, match="distribute\\(\\) again"):
+        synk.get_value(0, t)
     with pytest.raises(RuntimeError, match="already forked"):
         synk.fork(2, use_gpu=False)
     assert float(f(d)) == 3.0  # all of that left the session intact

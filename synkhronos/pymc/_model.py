@@ -1,0 +1,156 @@
+"""``data_parallel(model)``: a copy of a PyMC model whose row terms run on
+every Synkhronos rank (see ``_terms`` for what is split, ``_op`` for the Op the
+copy holds in their place)."""
+
+import logging
+
+import numpy as np
+
+from .. import _api, _data, _function, _runtime
+from .. import _collectives as _coll
+from .._plan import split_bounds
+from ._op import RowsLogp
+from ._terms import check_rowwise, find_terms, row_count, worker_graph
+
+__all__ = ["data_parallel"]
+
+logger = logging.getLogger("synkhronos")
+
+
+def data_parallel(model, observed=None, rows=None):
+    """A copy of PyMC model ``model`` whose likelihood over rows of data is
+    computed data-parallel on all Synkhronos ranks.
+
+    The copy has the same free variables (names, shapes, transforms), the same
+    deterministics and potentials, and the same log-density; PyMC's own
+    functions take it (``pm.sample``, ``pm.find_MAP``, ``compile_logp``,
+    ``compile_dlogp``).  The rows of each split observed variable, and of every
+    ``pm.Data`` or constant with as many rows, are divided among the ranks once
+    (each rank keeps only its share); every evaluation then broadcasts the
+    parameters, each rank computes its rows' log-density and gradient, and one
+    reduction sums them: one round trip.  Priors and the terms not split are
+    computed once, in this process.  ``model`` itself is not changed.
+
+    Parameters
+    ----------
+    model : pymc.Model
+    observed : list of str or Variable, optional
+        The observed variables to split (default: every observed variable whose
+        data has ``rows`` rows).
+    rows : int, optional
+        The number of rows (default: the longest leading dimension of the
+        observed data).
+
+    Returns
+    -------
+    pymc.Model
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a PyMC model.
+    ValueError
+        If a term cannot be split: its data do not have ``rows`` rows, its
+        log-density is not one value per row, or a row's value depends on other
+        rows (an AR process or a GP over the rows): the error names the term.
+
+    Notes
+    -----
+    Synkhronos is forked with its defaults if it was not; the function is
+    distributed at once, with any others built so far.  The split data are
+    copies taken now: after ``pm.set_data`` on them, call ``data_parallel``
+    again.  Chains that PyMC runs in processes of their own compute all rows
+    there, without the ranks (a warning says so): ``pm.sample(cores=1)`` runs
+    every chain on the ranks.
+    """
+    import pymc as pm
+
+    if not isinstance(model, pm.Model):
+        raise TypeError("model must be a pymc.Model, got %r" % (model,))
+    chosen = _observed(model, observed)
+    n_rows = row_count(model, chosen) if rows is None else _check_rows(rows)
+    if observed is None:
+        chosen = [rv for rv in chosen if _rows_of(model, rv) == n_rows]
+    if _runtime.current() is None:
+        _api.fork()
+    n = _api.n_parallel()
+    terms = find_terms(model, chosen, n_rows)
+    check_rowwise(model, terms, split_bounds(n_rows, n))
+    op = _distributed_op(terms, model)
+    logger.info("synkhronos.pymc: %s split over %d ranks (%d rows, %s)", terms.names(), n, n_rows, op.dtype)
+    return _with_op(model, terms, op)
+
+
+def _observed(model, observed):
+    if observed is None:
+        if not model.observed_RVs:
+            raise ValueError("model has no observed variables: nothing to split")
+        return list(model.observed_RVs)
+    if isinstance(observed, str) or not isinstance(observed, list | tuple):
+        raise TypeError("observed must be a list of names or variables, got %r" % (observed,))
+    out = []
+    for v in observed:
+        rv = model[v] if isinstance(v, str) and v in model.named_vars else v
+        if rv not in model.observed_RVs:
+            raise ValueError("observed: %r is not an observed variable of the model (those are %s)"
+                             % (v, [r.name for r in model.observed_RVs]))
+        out.append(rv)
+    return out
+
+
+def _rows_of(model, rv):
+    from ._terms import _leading
+
+    return _leading(model.rvs_to_values[rv])
+
+
+def _check_rows(rows):
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError("rows must be a positive int, got %r" % (rows,))
+    return rows
+
+
+def _distributed_op(terms, model):
+    """Build, distribute and fill the Synkhronos function of ``terms``; the Op
+    that calls it."""
+    params, data, row_shareds, total, grads = worker_graph(terms)
+    fn = _function.function([], [(total, "sum")] + [(g, "sum") for g in grads],
+                            bcast_inputs=params + data, name="pymc rows of %s" % terms.names())
+    _api.distribute()
+    _coll.scatter(row_shareds, terms.row_values)
+    continuous = [p.dtype.startswith("float") for p in params] + [False] * len(data)
+    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in params + data]
+    return RowsLogp(fn, terms.names(), total.dtype, continuous, datas, lambda: _whole_function(terms))
+
+
+def _whole_function(terms):
+    """A plain PyTensor function of ``terms`` over all rows, for a process that
+    is not the session's (a chain PyMC forked)."""
+    import pytensor
+
+    params, data, _, total, grads = worker_graph(terms, whole=True)
+    return pytensor.function(params + data, [total] + grads)
+
+
+def _with_op(model, terms, op):
+    """A copy of ``model`` with ``terms``' observed variables replaced by one
+    potential, ``op`` of their parameters and data."""
+    from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_potential
+    from pytensor.graph.fg import FunctionGraph
+
+    fgraph, memo = fgraph_from_model(model)
+    dropped = {memo[rv] for rv in terms.observed}
+    for var in dropped:
+        users = [node for node, _ in fgraph.clients[var] if node != "output" and
+                 getattr(node, "op", None).__class__.__name__ != "Output"]
+        if users:
+            raise ValueError("observed variable %r is used by other variables of the model, so its "
+                             "term cannot be taken out to be split" % var.name)
+    inputs = [memo.get(v, v) for v in terms.params + terms.data]
+    potential = model_potential(op(*inputs)[0])
+    potential.name = "synkhronos_rows"
+    outputs = [o for o in fgraph.outputs if o not in dropped] + [potential]
+    new = FunctionGraph(outputs=outputs, clone=False)
+    new._coords = fgraph._coords
+    new._dim_lengths = fgraph._dim_lengths
+    return model_from_fgraph(new, mutate_fgraph=True)

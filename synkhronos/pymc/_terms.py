@@ -1,0 +1,278 @@
+"""A PyMC model's row terms: the observed variables whose log-density is a sum
+over rows of data, the data those rows come from, and the graph each rank runs
+on its share of the rows.
+
+A term is split when its observed value has the model's row count ``rows`` in
+its leading dimension.  Its log-density (``pm.logp``, one value per row) is then
+rebuilt with placeholders:
+
+- each free random variable it depends on becomes a broadcast input (the
+  parameters, sent on every evaluation);
+- each observed value, ``pm.Data`` or constant with ``rows`` rows becomes a
+  shared variable that holds one rank's rows (split once);
+- other ``pm.Data`` become broadcast inputs too, so ``pm.set_data`` on them
+  reaches the ranks.
+
+``check_rowwise`` proves on the model's initial point that the rows can be
+split: each rank's share computed alone must give the same per-row values as
+all rows together.  A term that couples rows (an AR process, a GP, a cumulative
+sum) fails there with an error naming it, instead of giving a wrong number.
+"""
+
+import numpy as np
+
+__all__ = ["RowTerms", "find_terms", "check_rowwise"]
+
+
+class RowTerms:
+    """What ``find_terms`` found.
+
+    Attributes
+    ----------
+    observed : list of Variable
+        The observed random variables whose terms are split.
+    params : list of Variable
+        The model's free random variables those terms depend on.
+    data : list of Variable
+        Shared variables without ``rows`` rows that the terms read.
+    row_vars : list of Variable
+        The values with ``rows`` rows: observed values, ``pm.Data``, constants.
+    row_values : list of numpy arrays
+        Their values, in the same order.
+    logps : list of Variable
+        Each term's per-row log-density, in terms of the variables above.
+    """
+
+    def __init__(self, observed, params, data, row_vars, row_values, logps):
+        self.observed = observed
+        self.params = params
+        self.data = data
+        self.row_vars = row_vars
+        self.row_values = row_values
+        self.logps = logps
+
+    def names(self):
+        return ", ".join(repr(v.name) for v in self.observed)
+
+
+def _leading(var):
+    """The leading length of a shared variable's or constant's value, or None."""
+    value = _value_of(var)
+    return None if value is None or value.ndim == 0 else value.shape[0]
+
+
+def _value_of(var):
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+
+    if isinstance(var, SharedVariable):
+        return np.asarray(var.get_value(borrow=True))
+    if isinstance(var, Constant):
+        return np.asarray(var.data)
+    return None
+
+
+def _roots(outputs, stop):
+    """The variables ``outputs`` depend on, stopping at those in ``stop`` and at
+    variables no node computes."""
+    seen, roots, todo = set(), [], list(outputs)
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in stop or v.owner is None:
+            roots.append(v)
+        else:
+            todo.extend(v.owner.inputs)
+    return roots
+
+
+def row_count(model, observed):
+    """The model's row count: the longest leading dimension of the observed
+    values (those of ``observed``)."""
+    lengths = [_leading(model.rvs_to_values[rv]) for rv in observed]
+    lengths = [n for n in lengths if n is not None]
+    if not lengths:
+        raise ValueError("the model has no observed data with rows to split (observed: %s)"
+                         % ", ".join(repr(rv.name) for rv in observed))
+    return max(lengths)
+
+
+def find_terms(model, observed, rows):
+    """The ``RowTerms`` of ``model``'s observed variables ``observed`` over
+    ``rows`` rows."""
+    import pymc as pm
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+
+    values = model.rvs_to_values
+    free = set(model.free_RVs)
+    logps, stands, stand_values = [], [], []
+    for rv in observed:
+        value = values[rv]
+        if _leading(value) != rows:
+            raise ValueError("observed variable %r has %s rows, not %d like the others: it cannot be "
+                             "split with them (leave it out of observed=)" % (rv.name, _leading(value), rows))
+        stand = _row_input(value, rv.name)
+        stands.append(stand)
+        stand_values.append(np.ascontiguousarray(_value_of(value)))
+        lp = pm.logp(_sized_by(rv, stand), stand, warn_rvs=False)
+        logps.append(_free_of_row_count(lp, rows))
+    params, data, row_vars = [], [], list(stands)
+    row_values = list(stand_values)
+    for v in _roots(logps, free | set(stands)):
+        if v in free:
+            params.append(v)
+        elif v in stands:
+            continue
+        elif v in model.observed_RVs:
+            raise ValueError("the log-density of %s depends on observed variable %r: not supported"
+                             % (", ".join(repr(rv.name) for rv in observed), v.name))
+        elif isinstance(v, SharedVariable | Constant) and _leading(v) == rows:
+            row_vars.append(v)
+            row_values.append(np.ascontiguousarray(_value_of(v)))
+        elif isinstance(v, SharedVariable):
+            data.append(v)
+        elif not isinstance(v, Constant):
+            raise ValueError("the log-density of %s depends on %r, which is neither a free variable "
+                             "of the model nor data" % (", ".join(repr(rv.name) for rv in observed), v))
+    order = {v: i for i, v in enumerate(model.free_RVs)}
+    params.sort(key=order.__getitem__)
+    return RowTerms(list(observed), params, data, row_vars, row_values, logps)
+
+
+def _row_input(var, name):
+    """A symbolic stand-in for ``var``'s value, of any number of rows."""
+    from pytensor.tensor import TensorType
+
+    return TensorType(var.dtype, shape=(None,) + tuple(var.type.shape[1:]))(name=name)
+
+
+def _sized_by(rv, value):
+    """``rv`` made again with its size taken from ``value``'s shape, when PyMC
+    fixed it to the observed data's (a rank's share has fewer rows)."""
+    from pytensor.tensor.random.op import RandomVariable
+
+    node = rv.owner
+    if not isinstance(node.op, RandomVariable):
+        return rv
+    rng, size, *params = node.inputs
+    if getattr(size.type, "ndim", None) != 1:  # no size: the shape follows the parameters
+        return rv
+    batch = value.ndim - node.op.ndim_supp
+    new = node.op.make_node(rng, value.shape[:batch], *params)
+    return new.outputs[node.outputs.index(rv)]
+
+
+def _free_of_row_count(logp, rows):
+    """``logp`` without the checks that its value has exactly ``rows`` rows
+    (PyMC pins the observed value to the variable's shape): each rank has fewer."""
+    from pytensor.graph.basic import Constant
+    from pytensor.tensor.shape import SpecifyShape, specify_shape
+
+    replace = {}
+    for v in _roots_and_nodes([logp]):
+        node = v.owner
+        if node is None or not isinstance(node.op, SpecifyShape):
+            continue
+        first = node.inputs[1]
+        if isinstance(first, Constant) and first.data.ndim == 0 and int(first.data) == rows:
+            replace[v] = specify_shape(node.inputs[0], (None,) + tuple(node.inputs[2:]))
+    return _replaced([logp], replace)[0] if replace else logp
+
+
+def _roots_and_nodes(outputs):
+    """Every variable ``outputs`` depend on."""
+    seen, todo = set(), list(outputs)
+    while todo:
+        v = todo.pop()
+        if v not in seen:
+            seen.add(v)
+            if v.owner is not None:
+                todo.extend(v.owner.inputs)
+    return seen
+
+
+def _replaced(outputs, replace):
+    from pytensor.graph.replace import clone_replace
+
+    # Nodes are made again from their new inputs, so static shapes (the rows'
+    # count, say) are inferred anew rather than asserted.
+    replace = {k: v for k, v in replace.items() if k is not v}
+    return list(clone_replace(outputs, replace, rebuild_strict=False)) if replace else list(outputs)
+
+
+def worker_graph(terms, whole=False):
+    """(param inputs, data inputs, row shared variables, total log-density,
+    its gradient for each continuous parameter): the graph every rank runs on
+    its rows (their shared variables empty until scattered), or with ``whole``
+    the graph of all rows in one process."""
+    import pytensor
+    import pytensor.tensor as pt
+
+    params = [v.type(name=v.name) for v in terms.params]
+    data = [v.type(name=v.name) for v in terms.data]
+    row_shareds = [
+        pytensor.shared(val if whole else np.zeros((0,) + val.shape[1:], dtype=val.dtype), borrow=True,
+                        name="rows:%s" % (v.name or "data"), shape=(None,) + val.shape[1:])
+        for v, val in zip(terms.row_vars, terms.row_values)
+    ]
+    replace = dict(zip(terms.params + terms.data + terms.row_vars, params + data + row_shareds))
+    logps = _replaced(terms.logps, replace)
+    total = pt.add(*[lp.sum() for lp in logps]) if len(logps) > 1 else logps[0].sum()
+    wrt = [p for p in params if _continuous(p)]
+    grads = pytensor.grad(total, wrt) if wrt else []
+    return params, data, row_shareds, total, grads
+
+
+def row_inputs(terms):
+    """Symbolic stand-ins for the row values, of any number of rows."""
+    from pytensor.tensor import TensorType
+
+    return [TensorType(val.dtype, shape=(None,) + val.shape[1:])(name=v.name)
+            for v, val in zip(terms.row_vars, terms.row_values)]
+
+
+def _continuous(var):
+    return var.dtype.startswith("float")
+
+
+def check_rowwise(model, terms, bounds):
+    """Raise ValueError unless each term's per-row log-density, computed on the
+    rows ``bounds`` (a list of (start, stop)) one part at a time, equals the same
+    rows computed with all of them, at the model's initial point."""
+    import pytensor
+
+    point = _initial_params(model, terms.params)
+    inputs = [v.type() for v in terms.params + terms.data] + row_inputs(terms)
+    logps = _replaced(terms.logps, dict(zip(terms.params + terms.data + terms.row_vars, inputs)))
+    fn = pytensor.function(inputs, logps, mode="FAST_COMPILE", on_unused_input="ignore")
+    head = point + [np.asarray(v.get_value(borrow=True)) for v in terms.data]
+    whole = fn(*head, *terms.row_values)
+    parts = [fn(*head, *[val[a:b] for val in terms.row_values]) for a, b in bounds]
+    rows = bounds[-1][1]
+    for k, rv in enumerate(terms.observed):
+        full = np.asarray(whole[k])
+        if full.ndim == 0 or full.shape[0] != rows:
+            raise ValueError(
+                "observed variable %r: its log-density has shape %s, not one value per row (%d rows); "
+                "a likelihood over all rows at once (multivariate, AR, GP...) cannot be split "
+                "(leave it out of observed=)" % (rv.name, full.shape, rows))
+        joined = np.concatenate([np.asarray(p[k]) for p in parts])
+        tol = 1e-4 if full.dtype == np.float32 else 1e-9
+        if joined.shape != full.shape or not np.allclose(joined, full, rtol=tol, atol=tol, equal_nan=True):
+            worst = np.max(np.abs(joined - full)) if joined.shape == full.shape else joined.shape
+            raise ValueError(
+                "observed variable %r: each row's log-density depends on other rows (computed on the "
+                "ranks' shares it differs from all rows at once by %s), so its rows cannot be split "
+                "(leave it out of observed=)" % (rv.name, worst))
+
+
+def _initial_params(model, params):
+    """The values of free variables ``params`` at the model's initial point."""
+    if not params:
+        return []
+    fn = model.compile_fn(model.replace_rvs_by_values(params), inputs=model.value_vars, mode="FAST_COMPILE",
+                          on_unused_input="ignore")
+    return [np.asarray(x) for x in fn(model.initial_point())]

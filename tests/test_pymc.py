@@ -1,0 +1,167 @@
+"""synkhronos.pymc.data_parallel against PyMC itself: the returned model's
+log-density and gradient equal the original's at random points (split at
+several row counts, uneven ones included), the original is left as it was,
+PyMC's own functions run on it, and terms that cannot be split are refused."""
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+
+import pytensor  # noqa: E402
+import pytensor.tensor as pt  # noqa: E402
+
+import synkhronos as synk  # noqa: E402
+from synkhronos.pymc import data_parallel  # noqa: E402
+
+N_RANKS = 2
+RTOL = 1e-9
+
+
+@pytest.fixture(scope="module")
+def session():
+    """A session in float64, PyMC's own precision (PyMC users do not set floatX).
+    The flag is put back afterwards, as another module may run next in this process."""
+    param = pytensor.config._config_var_dict["floatX"]
+    was = (pytensor.config.floatX, param.is_default)
+    pytensor.config.floatX = "float64"
+    param.is_default = False  # as if the user chose it: fork() keeps it
+    synk.close()
+    synk.fork(N_RANKS, use_gpu=False)
+    yield
+    synk.close()
+    pytensor.config.floatX = was[0]
+    param.is_default = was[1]
+
+
+def logistic(n, seed=0):
+    """Logistic regression over ``n`` rows of ``pm.Data`` (the issue's model)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 3))
+    y = (rng.random(n) < 1 / (1 + np.exp(-(x @ [0.5, -1.0, 0.2] + 0.3)))).astype("int64")
+    with pm.Model() as m:
+        xd = pm.Data("x", x)
+        a = pm.Normal("a", 0, 1)
+        b = pm.Normal("b", 0, 1, shape=3)
+        pm.Bernoulli("y", logit_p=a + xd @ b, observed=y)
+    return m
+
+
+def hierarchical(n, groups=5, seed=1):
+    """Hierarchical normal regression: group intercepts indexed by row data, a
+    noise scale with a log transform, an observed numpy array (a constant)."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, groups, n)
+    x = rng.standard_normal(n)
+    y = 0.5 * g - 0.7 * x + rng.standard_normal(n)
+    with pm.Model() as m:
+        gd = pm.Data("g", g)
+        xd = pm.Data("x", x)
+        mu = pm.Normal("mu", 0, 2)
+        tau = pm.HalfNormal("tau", 1)
+        alpha = pm.Normal("alpha", mu, tau, shape=groups)
+        beta = pm.Normal("beta", 0, 1)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Deterministic("beta2", 2 * beta)
+        pm.Normal("y", alpha[gd] + beta * xd, sigma, observed=y)
+    return m
+
+
+def points(model, k, seed=2):
+    """``k`` random points around the model's initial point."""
+    rng = np.random.default_rng(seed)
+    start = model.initial_point()
+    return [{n: v + 0.5 * rng.standard_normal(v.shape) for n, v in start.items()} for _ in range(k)]
+
+
+def assert_same_density(orig, split):
+    names = [v.name for v in orig.free_RVs]
+    assert sorted(names) == sorted(v.name for v in split.free_RVs)
+    logp0, logp1 = orig.compile_logp(), split.compile_logp()
+    d0 = orig.compile_dlogp(vars=[orig[n] for n in names])
+    d1 = split.compile_dlogp(vars=[split[n] for n in names])
+    for p in points(orig, 3):
+        np.testing.assert_allclose(logp1(p), logp0(p), rtol=RTOL)
+        np.testing.assert_allclose(d1(p), d0(p), rtol=RTOL, atol=1e-9)
+
+
+@pytest.mark.parametrize("make, n", [(logistic, 1001), (hierarchical, 20_000), (logistic, 3)])
+def test_logp_and_gradient_equal_pymcs(session, make, n):
+    model = make(n)
+    assert_same_density(model, data_parallel(model))
+
+
+def test_original_model_is_left_as_it_was(session):
+    model = hierarchical(501)
+    before = model.compile_logp()(model.initial_point())
+    x_before = model["x"].get_value().copy()
+    split = data_parallel(model)
+    assert model.compile_logp()(model.initial_point()) == before
+    np.testing.assert_array_equal(model["x"].get_value(), x_before)
+    assert [v.name for v in model.observed_RVs] == ["y"]
+    assert split.observed_RVs == [] and [p.name for p in split.potentials] == ["synkhronos_rows"]
+
+
+def test_works_after_other_functions_were_distributed(session):
+    s = pytensor.shared(np.arange(3.0), name="s")
+    v = pt.vector("v")
+    f = synk.function([v], v.sum() + s.sum(), )
+    synk.distribute()
+    model = logistic(257)
+    assert_same_density(model, data_parallel(model))  # distributes again, by itself
+    np.testing.assert_allclose(f(synk.data(np.ones(4))), 2 + 3)
+
+
+def test_find_map_agrees(session):
+    model = hierarchical(2000)
+    kw = dict(progressbar=False, seed=0)
+    m0 = pm.find_MAP(model=model, **kw)
+    m1 = pm.find_MAP(model=data_parallel(model), **kw)
+    for name in ("mu", "alpha", "beta", "sigma"):
+        np.testing.assert_allclose(m1[name], m0[name], rtol=1e-5, atol=1e-6)
+
+
+def test_sample_with_pymcs_default_processes_runs_in_this_process(session, caplog):
+    model = data_parallel(logistic(400))
+    with model:
+        idata = pm.sample(draws=30, tune=30, chains=2, cores=2, progressbar=False, random_seed=3,
+                          compute_convergence_checks=False)
+    assert idata.posterior["b"].shape == (2, 30, 3)
+    assert np.all(np.isfinite(idata.posterior["b"].values))
+
+
+def test_float64_stays_float64(session):
+    split = data_parallel(logistic(100))
+    assert split.compile_logp()(split.initial_point()).dtype == np.float64
+
+
+def test_a_term_that_couples_rows_is_refused(session):
+    rng = np.random.default_rng(0)
+    with pm.Model() as m:
+        xd = pm.Data("x", rng.standard_normal(200))
+        s = pm.HalfNormal("s")
+        pm.Normal("y", pt.cumsum(xd), s, observed=rng.standard_normal(200))
+    with pytest.raises(ValueError, match="'y'.*depends on other rows"):
+        data_parallel(m)
+
+
+def test_a_likelihood_over_all_rows_is_refused(session):
+    rng = np.random.default_rng(0)
+    with pm.Model() as m:
+        rho = pm.Uniform("rho", -0.9, 0.9)
+        pm.AR("y", rho=[rho], sigma=1.0, constant=False, init_dist=pm.Normal.dist(), steps=199,
+              observed=rng.standard_normal(200))
+    with pytest.raises(ValueError, match="'y'.*not one value per row"):
+        data_parallel(m)
+
+
+def test_bad_arguments_are_named(session):
+    with pytest.raises(TypeError, match="model must be a pymc.Model"):
+        data_parallel("model")
+    model = logistic(50)
+    with pytest.raises(ValueError, match="observed: 'b' is not an observed variable"):
+        data_parallel(model, observed=["b"])
+    with pytest.raises(TypeError, match="observed must be a list"):
+        data_parallel(model, observed="y")
+    with pytest.raises(ValueError, match="rows must be a positive int, got 0"):
+        data_parallel(model, rows=0)

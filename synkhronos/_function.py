@@ -260,9 +260,6 @@ class Function:
             raise RuntimeError("this function belongs to a closed Synkhronos session; build "
                                "functions again after fork()")
         core = self._core
-        if not rt.registry.is_distributed(core.ID):
-            raise RuntimeError("this function was built after the last synkhronos.distribute(): "
-                               "call distribute() again to send it to the workers")
         ordered = self._order_inputs(args, kwargs)
         self._check_datas(ordered, rt)
         plan = plan_call(ordered, core.n_scatter, len(core.outputs), core.sliceable, rt.n_parallel,
@@ -332,7 +329,12 @@ class Function:
     def _send_first(self, rt, plan, specs, key):
         """``_send`` for the first call of a variant (``key``): compiled here
         first (Numba), so that the workers load it from PyTensor's warm cache
-        instead of each compiling it at once, and announced if it takes long."""
+        instead of each compiling it at once, and announced if it takes long.
+        Checked here, once per variant and not on every call: whether the
+        workers hold this function yet."""
+        if not rt.registry.is_distributed(self._core.ID):
+            raise RuntimeError("this function was built after the last synkhronos.distribute(): "
+                               "call distribute() again to send it to the workers")
         compiled = self._core.compiled(*key)
         notice = _log.compile_notice(self._what, compiled, rt.n_parallel)
         failed = True

@@ -83,6 +83,8 @@ def assert_same_density(orig, split):
     for p in points(orig, 3):
         np.testing.assert_allclose(logp1(p), logp0(p), rtol=RTOL)
         np.testing.assert_allclose(d1(p), d0(p), rtol=RTOL, atol=1e-9)
+    op = split.potentials[0].owner.op
+    assert op._whole_fn is None  # computed on the ranks, not by the fallback for other processes
 
 
 @pytest.mark.parametrize("make, n", [(logistic, 1001), (hierarchical, 20_000), (logistic, 3)])

@@ -46,7 +46,7 @@ class RowsLogp(Op):
 
     def perform(self, node, inputs, output_storage):
         rt = _runtime.current()
-        if rt is None or rt.owner != os.getpid():
+        if rt is None or rt.foreign:
             results = self._in_another_process(inputs)
         else:
             for d, x in zip(self.datas, inputs):

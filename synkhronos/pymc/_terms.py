@@ -72,22 +72,6 @@ def _value_of(var):
     return None
 
 
-def _roots(outputs, stop):
-    """The variables ``outputs`` depend on, stopping at those in ``stop`` and at
-    variables no node computes."""
-    seen, roots, todo = set(), [], list(outputs)
-    while todo:
-        v = todo.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        if v in stop or v.owner is None:
-            roots.append(v)
-        else:
-            todo.extend(v.owner.inputs)
-    return roots
-
-
 def row_count(model, observed):
     """The model's row count: the longest leading dimension of the observed
     values (those of ``observed``)."""
@@ -121,7 +105,11 @@ def find_terms(model, observed, rows):
         logps.append(_free_of_row_count(lp, rows))
     params, data, row_vars = [], [], list(stands)
     row_values = list(stand_values)
-    for v in _roots(logps, free | set(stands)):
+    from pytensor.graph.traversal import ancestors
+
+    stop = free | set(stands)
+    # (graph_inputs would leave out the free variables: a node computes them)
+    for v in (v for v in ancestors(logps, blockers=stop) if v in stop or v.owner is None):
         if v in free:
             params.append(v)
         elif v in stands:
@@ -169,10 +157,11 @@ def _free_of_row_count(logp, rows):
     """``logp`` without the checks that its value has exactly ``rows`` rows
     (PyMC pins the observed value to the variable's shape): each rank has fewer."""
     from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import ancestors
     from pytensor.tensor.shape import SpecifyShape, specify_shape
 
     replace = {}
-    for v in _roots_and_nodes([logp]):
+    for v in ancestors([logp]):
         node = v.owner
         if node is None or not isinstance(node.op, SpecifyShape):
             continue
@@ -180,18 +169,6 @@ def _free_of_row_count(logp, rows):
         if isinstance(first, Constant) and first.data.ndim == 0 and int(first.data) == rows:
             replace[v] = specify_shape(node.inputs[0], (None,) + tuple(node.inputs[2:]))
     return _replaced([logp], replace)[0] if replace else logp
-
-
-def _roots_and_nodes(outputs):
-    """Every variable ``outputs`` depend on."""
-    seen, todo = set(), list(outputs)
-    while todo:
-        v = todo.pop()
-        if v not in seen:
-            seen.add(v)
-            if v.owner is not None:
-                todo.extend(v.owner.inputs)
-    return seen
 
 
 def _replaced(outputs, replace):
@@ -228,10 +205,7 @@ def worker_graph(terms, whole=False):
 
 def row_inputs(terms):
     """Symbolic stand-ins for the row values, of any number of rows."""
-    from pytensor.tensor import TensorType
-
-    return [TensorType(val.dtype, shape=(None,) + val.shape[1:])(name=v.name)
-            for v, val in zip(terms.row_vars, terms.row_values)]
+    return [_row_input(v, v.name) for v in terms.row_vars]
 
 
 def _continuous(var):

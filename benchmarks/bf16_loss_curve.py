@@ -35,6 +35,7 @@ def child(args):
     import synkhronos as synk
     from synkhronos.extensions import nnet, train, updates
 
+    pytensor.config.floatX = "float32"  # the model in float32 (PyTensor's default is float64)
     synk.fork(1, use_gpu=not args.cpu, precision=args.precision)
     try:
         fx = pytensor.config.floatX

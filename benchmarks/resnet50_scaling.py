@@ -65,6 +65,7 @@ def synk_child(args, n):
     from synkhronos.extensions import nnet, train, updates
 
     os.environ[nnet.LAYOUT_ENV] = args.layout
+    pytensor.config.floatX = "float32"  # the model in float32 (PyTensor's default is float64)
     synk.fork(n, use_gpu=True, precision=FORK_PRECISION.get(args.precision, args.precision))
     fx = pytensor.config.floatX
     rng = np.random.default_rng(0)

@@ -27,18 +27,6 @@ def _check_int(value, argname, low):
     return int(value)
 
 
-def _default_float32():
-    """Use float32 unless the user chose a floatX: the seed's examples (written for
-    Theano GPU setups) mix float32 data with ``T.matrix`` variables."""
-    import pytensor
-
-    param = pytensor.config._config_var_dict["floatX"]
-    if param.is_default and pytensor.config.floatX == param.default and param.default != "float32":
-        pytensor.config.floatX = "float32"
-        logger.info("Synkhronos: set pytensor.config.floatX = 'float32' (choose floatX explicitly, "
-                    "e.g. PYTENSOR_FLAGS=floatX=float64, to keep another)")
-
-
 _PRECISIONS = ("highest", "tf32", "bf16")
 DEFAULT_TIMEOUT = 300.0
 
@@ -105,9 +93,10 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
 
     Notes
     -----
-    If PyTensor's ``floatX`` was not chosen by the user (flag or config file),
-    ``fork`` sets it to ``'float32'``, the setting the original Theano examples
-    assume and the fast one on GPUs.
+    ``fork`` leaves PyTensor's ``floatX`` as it is (``float64`` unless you chose
+    another): every rank uses the master's.  The original Theano examples assume
+    ``floatX=float32``, the fast choice on GPUs; set it yourself for them
+    (``PYTENSOR_FLAGS=floatX=float32`` or ``pytensor.config.floatX = "float32"``).
 
     On GPU ranks JAX follows PyTensor's rule: with ``floatX`` float32 it keeps
     int64 and float64 values in 32 bits on the device; function outputs are
@@ -156,7 +145,6 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     device.setup_master(master_rank)
     if device.name == "cpu":
         device.share_threads(n, threads, master_rank)
-    _default_float32()
     device.configure_jax()
     logger.info("Synkhronos attempting to use %d of %d detected %s...", n, available, device.label)
     t0 = time.monotonic()
@@ -211,7 +199,6 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
     device.setup_master(0)
     if device.name == "cpu":
         device.share_threads(cluster.ranks_on_my_node(n), threads, cluster.node_index)
-    _default_float32()
     device.configure_jax()
     _mpi.start_session()
     _launch_end["session"] = _runtime.start(n, 0, device, bool(profile_workers), timeout, cluster)

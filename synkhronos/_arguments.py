@@ -101,7 +101,8 @@ def check_sliceable(sliceable, graph):
 
 
 def check_inputs(scat, bcast):
-    """Raise for an input named twice, or a 0-d scattered input."""
+    """Raise for an input named twice, or a scattered input that cannot be split
+    by rows (0-d, or of a fixed row count)."""
     seen = set()
     for v in scat + bcast:
         if v in seen:
@@ -111,3 +112,10 @@ def check_inputs(scat, bcast):
         if getattr(v, "ndim", 1) == 0:
             raise TypeError("scattered input %r is 0-d and cannot be split along axis 0; "
                             "pass it in bcast_inputs" % (v,))
+        fixed = (getattr(v.type, "shape", None) or (None,))[0]
+        if fixed is not None:
+            raise ValueError(
+                "scattered input %r has a fixed number of rows (shape=%s), but each rank gets its "
+                "own share of the rows; build it with shape=(None, ...) (e.g. pt.tensor(%r, shape=%s)), "
+                "or pass it in bcast_inputs"
+                % (v, v.type.shape, v.name or "x", (None,) + tuple(v.type.shape[1:])))

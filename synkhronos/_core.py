@@ -5,14 +5,11 @@ A ``FunctionCore`` holds the compiled PyTensor function and the symbolic graph i
 came from.  Variants that a call may need (an output subset, slicing with
 accumulated updates, ``batch_s`` on sliceable shared variables) are compiled from
 that graph on first use, in whichever process needs them.  Cores are pickled
-together at ``distribute()``, so the shared variables of all functions keep their
-correspondence in every worker.
+together at ``distribute()`` (``_pickling``), so the shared variables of all
+functions keep their correspondence in every worker.
 """
 
 import copy
-import copyreg
-import io
-import pickle
 
 import numpy as np
 
@@ -21,8 +18,8 @@ from ._plan import (
 )
 from ._warnings import compiler_warnings_hidden
 
-__all__ = ["FunctionCore", "compile_function", "dumps_cores", "loads_cores", "is_jax_mode", "links_with_jax",
-           "reseed_generators", "uses_jax"]
+__all__ = ["FunctionCore", "compile_function", "is_jax_mode", "links_with_jax", "reseed_generators",
+           "uses_jax"]
 
 
 class FunctionCore:
@@ -286,72 +283,3 @@ def reseed_generators(shareds, cores, rank, known=()):
             from pytensor.link.jax.dispatch import jax_typify
 
             cell[0] = jax_typify(value)
-
-
-def dumps_cores(obj, known=()):
-    """``pickle.dumps`` of function cores, whose compiled functions load with
-    ``_load_function``.
-
-    ``known`` are the shared variables the workers already hold, by index: a
-    new function that uses one must use the worker's variable, not a copy, so
-    each is pickled as a reference (its variable, container and value cell) that
-    ``loads_cores`` resolves against the worker's list."""
-    from pytensor.compile import Function
-
-    buf = io.BytesIO()
-    pickler = _KnownPickler(buf, known)
-    pickler.dispatch_table = copyreg.dispatch_table.copy()
-    pickler.dispatch_table[Function] = _reduce_function
-    pickler.dump(obj)
-    return buf.getvalue()
-
-
-def loads_cores(blob, known):
-    """What ``dumps_cores`` pickled, with references into ``known`` (the
-    worker's shared variables) resolved."""
-    return _KnownUnpickler(io.BytesIO(blob), known).load()
-
-
-_PARTS = ("var", "container", "cell")
-
-
-def _parts(var):
-    return var, var.container, var.container.storage
-
-
-class _KnownPickler(pickle.Pickler):
-    def __init__(self, buf, known):
-        super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        self._refs = {id(obj): (part, i) for i, var in enumerate(known)
-                      for part, obj in zip(_PARTS, _parts(var))}
-
-    def persistent_id(self, obj):
-        return self._refs.get(id(obj)) if self._refs else None
-
-
-class _KnownUnpickler(pickle.Unpickler):
-    def __init__(self, file, known):
-        super().__init__(file)
-        self._known = known
-
-    def persistent_load(self, pid):
-        part, i = pid
-        return _parts(self._known[i])[_PARTS.index(part)]
-
-
-def _reduce_function(fn):
-    _, args = copyreg.dispatch_table[type(fn)](fn)
-    return _load_function, args
-
-
-def _load_function(maker, input_storage, inputs_data, trust_input=False):
-    """Link a pickled PyTensor function again, as PyTensor's own loader does, but
-    without its check that every input still holds the pickled value: the JAX
-    backend replaces a generator input by a fresh copy in JAX's form (a dict of
-    arrays), and comparing dicts of arrays raises.  (See ``compile_function``
-    for the backend's warning about that copy.)"""
-    del inputs_data
-    with compiler_warnings_hidden(maker.linker):
-        fn = maker.create(input_storage)
-    fn.trust_input = trust_input
-    return fn

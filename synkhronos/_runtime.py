@@ -24,9 +24,10 @@ import threading
 import time
 
 from . import _launch, _log, _shmem
-from ._core import dumps_cores, reseed_generators, uses_jax
+from ._core import reseed_generators, uses_jax
 from ._dispatch import Dispatcher
 from ._exchange import ExchangeBuffer
+from ._pickling import dumps_cores, unpicklable_error
 from ._precompile import compile_shares, graph_size, is_numba, precompile
 from ._protocol import CommInit, Distribute, spin_seconds
 from ._publish import HostPublisher
@@ -223,7 +224,10 @@ class Runtime:
         functions, shareds = self.registry.undistributed()
         known = self.registry.shareds[:self.registry.n_distributed_shareds]
         cores = [f._core for f in functions]
-        payload = dumps_cores((cores, shareds), known)
+        try:
+            payload = dumps_cores((cores, shareds), known)
+        except Exception as exc:  # pickle raises TypeError, AttributeError, PicklingError, ...
+            raise unpicklable_error(functions, shareds, known, exc) from exc
         logger.debug("distribute: %d functions and %d shared variables pickled (%.1f MB) in %.2f s",
                      len(cores), len(shareds), len(payload) / 1e6, time.monotonic() - t0)
 

@@ -26,11 +26,12 @@ import time
 
 from . import _log, _shmem, _stacks
 from ._channel import ShmChannel, SocketChannel
-from ._core import loads_cores, reseed_generators
+from ._core import reseed_generators
 from ._devices import select_device
 from ._devices.cpu import limit_threads, thread_pools, thread_share, worker_jax_cores
 from ._exchange import ExchangeBuffer, receive
 from ._faults import FAULT_ENV, Faults
+from ._pickling import loads_cores
 from ._plan import take_rows
 from ._precompile import counts_by_variant, precompile
 from ._protocol import Command, failure, from_wire, ok

@@ -31,6 +31,7 @@ def keep(name, value, expected=None):
 
 
 GPU = sys.argv[2:] == ["gpu"]
+pytensor.config.floatX = "float32"  # the float32 data below go into T.matrix() inputs
 n = synk.fork(None if GPU else 4, use_gpu=GPU)
 if not GPU and not any(os.environ.get(v) for v in THREAD_VARS):
     # Each rank's BLAS and OpenMP pools: its share of its host's cores, here one machine's.

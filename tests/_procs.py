@@ -6,10 +6,26 @@ import re
 import tempfile
 import time
 
-__all__ = ["SHM_DIR", "segments", "session_names", "proc_stat", "proc_exists", "worker_children",
-           "our_segments", "orphaned_segments", "our_tmpdirs", "socket_inodes", "Leftovers"]
+__all__ = ["distribute_unhurried", "SHM_DIR", "segments", "session_names", "proc_stat", "proc_exists",
+           "worker_children", "our_segments", "orphaned_segments", "our_tmpdirs", "socket_inodes",
+           "Leftovers"]
 
 SHM_DIR = "/dev/shm"
+
+
+def distribute_unhurried():
+    """``synk.distribute()`` with the session's stall timeout lifted for it: a
+    worker's first distribute waits for its PyTensor import, which takes seconds on
+    PyTensor 2 (it imports scipy.signal), past these tests' one-second timeouts."""
+    import synkhronos as synk
+    from synkhronos import _runtime
+
+    dispatcher = _runtime.current().dispatcher
+    timeout, dispatcher.timeout = dispatcher.timeout, None
+    try:
+        synk.distribute()
+    finally:
+        dispatcher.timeout = timeout
 
 
 def segments(token):

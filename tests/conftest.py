@@ -1,11 +1,15 @@
 """Test settings: PyTensor compiles with FAST_COMPILE so that a cold machine does not
-spend minutes in Numba; workers inherit the flag through the environment.  Test
+spend minutes in Numba; workers inherit the flag through the environment.  PyTensor
+2.x (which PyMC pins) still builds C thunks with g++ under FAST_COMPILE, seconds per
+fresh process; ``cxx=`` gives it Python thunks, as PyTensor 3's FAST_COMPILE has.  Test
 modules run in parallel (pytest-xdist, ``-n auto`` in pyproject.toml): how many at
 once is decided here; ``-n 0`` runs them one after the other."""
 
 import os
+from importlib.metadata import version
 
-os.environ.setdefault("PYTENSOR_FLAGS", "mode=FAST_COMPILE")
+PYTENSOR_2 = version("pytensor").startswith("2.")
+os.environ.setdefault("PYTENSOR_FLAGS", "mode=FAST_COMPILE" + (",cxx=" if PYTENSOR_2 else ""))
 
 import pytest  # noqa: E402
 

@@ -3,7 +3,10 @@
 import importlib
 import importlib.util
 import inspect
+import os
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 
@@ -154,3 +157,29 @@ def test_mpi_launch_without_mpi4py_says_what_to_install(monkeypatch):
     monkeypatch.setenv("SYNKHRONOS_MPI", "maybe")
     with pytest.raises(ValueError, match="SYNKHRONOS_MPI must be 1 or 0 .* got 'maybe'"):
         _mpi.launched()
+
+
+FLOATX_SCRIPT = """
+import numpy as np, pytensor, pytensor.tensor as pt, synkhronos as synk
+before = pytensor.config.floatX
+synk.fork(2, use_gpu=False)
+x = pt.matrix("x")
+f = synk.function([x], outputs=(x.sum(), "sum"))
+synk.distribute()
+r = f(synk.data(np.full((4, 2), 0.1)))
+print(before, pytensor.config.floatX, r.dtype, repr(float(r)))
+"""
+
+
+def test_fork_leaves_floatx_as_the_user_has_it(tmp_path):
+    """PyTensor's default floatX (float64) survives fork(), on the master and the
+    ranks: a graph built after fork() computes in float64 everywhere (with float32
+    the sum of 0.1s would be 0.800000011920929)."""
+    env = dict(os.environ)  # conftest's PYTENSOR_FLAGS, with no floatX
+    (tmp_path / "s.py").write_text(FLOATX_SCRIPT)
+    proc = subprocess.run([sys.executable, str(tmp_path / "s.py")], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    before, after, dtype, value = proc.stdout.split()
+    assert (before, after, dtype) == ("float64", "float64", "float64")
+    assert abs(float(value) - 0.8) < 1e-15

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import pytest  # noqa: E402
-from _procs import Leftovers, our_segments, our_tmpdirs  # noqa: E402
+from _procs import Leftovers, distribute_unhurried, our_segments, our_tmpdirs  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
@@ -49,7 +49,7 @@ class _Env:
         self.f = synk.function([x], (x.sum() + self.s.sum(), "sum"), name="f")
         if not distributed:
             return
-        synk.distribute()
+        distribute_unhurried()
         self.d = synk.data(np.arange(4, dtype=F32))  # map_data #1
         assert float(self.f(self.d)) == 6 + 2 * 3  # call #1
 

@@ -14,6 +14,16 @@ from synkhronos.extensions import nnet, train, updates
 BF16_ULP = 2.0 ** -7  # bfloat16 keeps 8 significant bits: neighbours differ by <= 2**-7 relative
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _float32():
+    """The module's graphs in float32 (bf16 rounds float32 products only; a float64
+    graph is left as it is)."""
+    before = pytensor.config.floatX
+    pytensor.config.floatX = "float32"
+    yield
+    pytensor.config.floatX = before
+
+
 def test_rounding_matches_ml_dtypes():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(0)

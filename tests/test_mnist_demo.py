@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytensor
 import pytest
 
 DEMO = Path(__file__).resolve().parent.parent / "demos" / "mnist" / "train_mnist.py"
@@ -41,14 +42,20 @@ def test_readme_command_quiet_says_compiling_plots_and_learns(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _accuracy(proc.stdout) >= 0.95
+    assert png.read_bytes()[:4] == b"\x89PNG" and "Curves written to %s" % png in proc.stdout
+    if pytensor.__version__.startswith("2."):
+        # PyTensor 2's default is its C linker (it compiles in synk.function, no notice),
+        # which warns itself where pip's numpy gives it no BLAS to link.
+        ours = re.sub(r"\S*UserWarning: PyTensor could not link to a BLAS.*?warnings.warn\(\n", "",
+                      proc.stderr, flags=re.S)
+        assert "Warning" not in ours, ours
+        return
     assert "Warning" not in proc.stderr, proc.stderr
     said = ("Synkhronos: compiling 3 functions for distribute(), on 2 ranks (Numba: "
             "can take a minute on a cold cache; later runs reuse PyTensor's cache in ")
     assert said in proc.stderr, proc.stderr
     assert "...3 functions compiled in " in proc.stderr
     assert "Synkhronos distributing functions..." in proc.stderr and "Synkhronos" not in proc.stdout
-    assert png.read_bytes()[:4] == b"\x89PNG"
-    assert "Curves written to %s" % png in proc.stdout
 
 
 def test_plot_without_matplotlib_fails_early(tmp_path):

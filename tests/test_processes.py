@@ -74,7 +74,7 @@ def test_a_function_pickled_before_its_session_closed_says_so():
 @pytest.fixture(scope="module")
 def session():
     synk.fork(2, use_gpu=False)
-    x = pt.matrix("x")
+    x = pt.matrix("x", dtype="float32")
     s = pytensor.shared(np.zeros(3, "float32"), name="s")
     f = synk.function([x], (x.sum(), "sum"), updates=[(s, s + x.sum(axis=0))], name="f")
     synk.distribute()

@@ -20,18 +20,17 @@ RTOL = 1e-9
 
 @pytest.fixture(scope="module")
 def session():
-    """A session in float64, PyMC's own precision (PyMC users do not set floatX).
-    The flag is put back afterwards, as another module may run next in this process."""
-    param = pytensor.config._config_var_dict["floatX"]
-    was = (pytensor.config.floatX, param.is_default)
+    """A session in float64, PyMC's own precision (PyMC users do not set floatX:
+    PyTensor's default is float64, which fork() keeps).  The flag is put back
+    afterwards, as another module may run next in this process."""
+    was = pytensor.config.floatX
     pytensor.config.floatX = "float64"
-    param.is_default = False  # as if the user chose it: fork() keeps it
     synk.close()
     synk.fork(N_RANKS, use_gpu=False)
+    assert pytensor.config.floatX == "float64"
     yield
     synk.close()
-    pytensor.config.floatX = was[0]
-    param.is_default = was[1]
+    pytensor.config.floatX = was
 
 
 def logistic(n, seed=0):
@@ -75,11 +74,10 @@ def points(model, k, seed=2):
 
 
 def assert_same_density(orig, split):
-    names = [v.name for v in orig.free_RVs]
-    assert sorted(names) == sorted(v.name for v in split.free_RVs)
+    # The same free variables in the same order: the default dlogp lines up.
+    assert [v.name for v in split.value_vars] == [v.name for v in orig.value_vars]
     logp0, logp1 = orig.compile_logp(), split.compile_logp()
-    d0 = orig.compile_dlogp(vars=[orig[n] for n in names])
-    d1 = split.compile_dlogp(vars=[split[n] for n in names])
+    d0, d1 = orig.compile_dlogp(), split.compile_dlogp()
     for p in points(orig, 3):
         np.testing.assert_allclose(logp1(p), logp0(p), rtol=RTOL)
         np.testing.assert_allclose(d1(p), d0(p), rtol=RTOL, atol=1e-9)
@@ -167,3 +165,27 @@ def test_bad_arguments_are_named(session):
         data_parallel(model, observed="y")
     with pytest.raises(ValueError, match="rows must be a positive int, got 0"):
         data_parallel(model, rows=0)
+
+
+def test_benchmark_runs_at_its_smallest_and_writes_json_and_png(tmp_path):
+    """benchmarks/pymc_likelihood.py (it checks logp against PyMC's itself)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          "pymc_likelihood.py")
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, script, "--models", "logistic,hierarchical", "--rows", "3000",
+                           "--ranks", "1,2", "--evals", "3", "--sample", "--sample-rows", "500",
+                           "--tune", "30", "--draws", "30", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [(r["model"], r["ranks"]) for r in result["likelihood"]] == [
+        ("logistic", 1), ("logistic", 2), ("hierarchical", 1), ("hierarchical", 2)]
+    assert all(r["logp_rel_err"] < 1e-9 and r["synk_ms"] > 0 for r in result["likelihood"])
+    assert [s["model"] for s in result["sampling"]] == ["logistic", "hierarchical"]
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    assert "speedup" in proc.stdout

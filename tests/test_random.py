@@ -12,10 +12,18 @@ import synkhronos as synk
 from synkhronos._core import _reseeded
 
 
+def bernoulli_and_next_rng(p, size, rng):
+    """(next generator, draw): PyTensor 3 returns both when asked, PyTensor 2 (which
+    PyMC pins) has them as the outputs of the draw's node."""
+    if pytensor.__version__.startswith("2."):
+        return pt.random.bernoulli(p, size=size, rng=rng).owner.outputs
+    return pt.random.bernoulli(p, size=size, rng=rng, return_next_rng=True)
+
+
 def _dropout_graph(rng):
     """(inputs, output, updates) of dropout on a matrix, drawing from ``rng``."""
     x = pt.matrix("x", dtype="float32")
-    next_rng, draw = pt.random.bernoulli(0.5, size=x.shape, rng=rng, return_next_rng=True)
+    next_rng, draw = bernoulli_and_next_rng(0.5, x.shape, rng)
     return [x], x * draw, [(rng, next_rng)]
 
 

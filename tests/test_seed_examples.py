@@ -1,6 +1,8 @@
 """The seed documentation's two examples, run as the user scripts they are (no
 ``__main__`` guard, only the imports of ``theano`` renamed to ``pytensor``), with their
-printed values."""
+printed values.  The shared-variable example mixes float32 data with ``T.matrix``, as
+Theano setups with ``floatX = float32`` in their ``.theanorc`` did: it sets that
+floatX in its first line (``fork()`` leaves floatX as the user set it)."""
 
 import os
 import subprocess
@@ -16,6 +18,7 @@ import numpy as np
 import pytensor as theano
 import pytensor.tensor as T
 import synkhronos as synk
+theano.config.floatX = "float32"  # the manual's .theanorc
 
 synk.fork(2)
 s_init = np.ones(2, dtype='float32')
@@ -52,7 +55,7 @@ def run(script, tmp_path, flags="mode=FAST_COMPILE", stderr=False):
     path.write_text(textwrap.dedent(script))
     env = dict(os.environ)
     env.pop("PYTENSOR_FLAGS", None)
-    if flags:  # floatX is left for synk.fork() to choose
+    if flags:
         env["PYTENSOR_FLAGS"] = flags
     proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300,
                           env=env, cwd=tmp_path)

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pytensor  # noqa: E402
 import pytensor.tensor as pt  # noqa: E402
 import pytest  # noqa: E402
-from _procs import Leftovers, worker_children  # noqa: E402
+from _procs import Leftovers, distribute_unhurried, worker_children  # noqa: E402
 from _sleepy import sleepy  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
@@ -40,7 +40,7 @@ def _sleepy_session(n, timeout, seconds):
     synk.fork(n, use_gpu=False, timeout=timeout)
     x = pt.vector("x", dtype=F32)
     f = synk.function([x], (sleepy(x, seconds).sum(), "sum"), name="slow_sum")
-    synk.distribute()
+    distribute_unhurried()
     return f
 
 
@@ -126,7 +126,7 @@ def _posted_session(monkeypatch, n, fault):
     x = pt.vector("x", dtype=F32)
     s = pytensor.shared(np.zeros(3, dtype=F32), name="s")
     synk.function([x], x.sum() + s.sum())
-    synk.distribute()
+    distribute_unhurried()
     rt = _runtime.current()
     return rt, Leftovers(rt)
 

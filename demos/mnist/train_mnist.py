@@ -157,6 +157,8 @@ def main(argv=None):
     p.add_argument("--rule", choices=sorted(RULES), default="adam")
     p.add_argument("--learning-rate", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--floatx", choices=["float32", "float64"], default="float32",
+                   help="PyTensor's floatX for the model and data (default float32)")
     p.add_argument("--plot", metavar="PNG", default=None,
                    help="write the loss and accuracy curves to this PNG file (needs matplotlib)")
     args = p.parse_args(argv)
@@ -166,6 +168,7 @@ def main(argv=None):
         except ImportError:
             p.error("--plot needs matplotlib: pip install matplotlib")
 
+    pytensor.config.floatX = args.floatx  # before building any variable
     n = synk.fork(args.n, use_gpu=args.gpu)
     rng = np.random.default_rng(args.seed)
     x_tr, y_tr, x_va, y_va, x_te, y_te, name = load_data(args.data_dir, args.seed)

@@ -86,6 +86,7 @@ def measure(args, n):
     import synkhronos as synk
     from synkhronos.extensions import nnet, train, updates
 
+    pytensor.config.floatX = "float32"  # the model in float32 (PyTensor's default is float64)
     n = synk.fork(n, use_gpu=not args.cpu)
     rng = np.random.default_rng(0)
     blocks = [int(b) for b in args.blocks.split(",")]

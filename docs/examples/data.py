@@ -12,7 +12,7 @@ import pytensor.tensor as pt
 import synkhronos as synk
 
 synk.fork(2)
-x = pt.matrix("x")
+x = pt.matrix("x", dtype="float32")
 f = synk.function([x], outputs=(x.sum(axis=0), "sum"))
 synk.distribute()
 

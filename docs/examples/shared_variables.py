@@ -11,6 +11,7 @@ import pytensor.tensor as T
 
 import synkhronos as synk
 
+theano.config.floatX = "float32"  # the original manual's Theano setup (its .theanorc) had this
 synk.fork(2)
 s_init = np.ones(2, dtype="float32")
 x = T.matrix("x")

@@ -37,6 +37,7 @@ from ._nnet_jax import LAYOUT_ENV, jax_conv_layout  # noqa: F401  (public here)
 from ._nnet_kernels import conv_out_size
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "batch_norm", "log_softmax", "softmax_cross_entropy",
+           "categorical_crossentropy",
            "jax_conv_layout", "LAYOUT_ENV", "Conv2d", "Conv2dGradInput", "Conv2dGradWeight", "Pool2d",
            "Pool2dGrad"]
 
@@ -100,6 +101,7 @@ class Conv2d(_ConvBase):
         return [(n, o, conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw))]
 
     def pullback(self, inputs, outputs, cotangents):
+        """Gradients with respect to the image and the kernels."""
         x, w = inputs
         (gy,) = cotangents
         props = (self.stride, self.padding, self.dilation, self.groups)
@@ -166,6 +168,7 @@ class Pool2d(_PoolBase):
         return [(n, c, conv_out_size(h, kh, sh, ph, 1), conv_out_size(w, kw, sw, pw, 1))]
 
     def pullback(self, inputs, outputs, cotangents):
+        """Gradient with respect to the image."""
         return [Pool2dGrad(self.ws, self.stride, self.padding, self.mode)(inputs[0], cotangents[0])]
 
 
@@ -293,6 +296,35 @@ def batch_norm(x, gamma, beta, epsilon=1e-5):
 def log_softmax(logits):
     """Log-probabilities over axis 1 of a (N, classes) matrix, computed stably."""
     return logits - pt.logsumexp(logits, axis=1, keepdims=True)
+
+
+def categorical_crossentropy(probabilities, targets):
+    """Theano's ``T.nnet.categorical_crossentropy`` (and Lasagne's objective of the
+    name), for ported scripts: the cross-entropy of each row.
+
+    Parameters
+    ----------
+    probabilities : (N, classes) tensor
+        Class probabilities, e.g. a softmax's output.
+    targets : (N,) integer tensor or (N, classes) tensor
+        Class labels, or one-hot (or soft) targets.
+
+    Returns
+    -------
+    (N,) tensor
+        ``-log p[i, targets[i]]``, or ``-sum_k targets[i, k] log p[i, k]``; take
+        ``.mean()`` for a loss.  From logits, ``softmax_cross_entropy`` (the mean
+        of this over one-hot targets) is the stable choice.
+    """
+    probabilities, targets = pt.as_tensor(probabilities), pt.as_tensor(targets)
+    if probabilities.ndim != 2:
+        raise TypeError("probabilities must be 2-d (N, classes), got ndim=%d" % probabilities.ndim)
+    if targets.ndim == 2:
+        return -(targets * pt.log(probabilities)).sum(axis=1)
+    if targets.ndim == 1 and targets.dtype.startswith(("int", "uint")):
+        return -pt.log(probabilities[pt.arange(targets.shape[0]), targets])
+    raise TypeError("targets must be (N,) integer labels or (N, classes) one-hot, got ndim=%d dtype=%s"
+                    % (targets.ndim, targets.dtype))
 
 
 def softmax_cross_entropy(logits, targets):

@@ -153,4 +153,9 @@ def _with_op(model, terms, op):
     new = FunctionGraph(outputs=outputs, clone=False)
     new._coords = fgraph._coords
     new._dim_lengths = fgraph._dim_lengths
-    return model_from_fgraph(new, mutate_fgraph=True)
+    copy = model_from_fgraph(new, mutate_fgraph=True)
+    # The original's order of free variables, so that compile_dlogp() and
+    # initial_point() list them as the original does.
+    order = {rv.name: i for i, rv in enumerate(model.free_RVs)}
+    copy.free_RVs.sort(key=lambda rv: order[rv.name])
+    return copy

@@ -1,9 +1,10 @@
 """GPU tests: marked ``gpu`` and skipped unless JAX, CuPy and two GPUs are there
 (one GPU for modules marked ``pytest.mark.gpus(1)``).
 
-They reuse the CPU suites' tests with GPU ranks.  ``fork()``'s default precision
-computes float32 matrix products in full float32, so results compare with
-PyTensor on the CPU at float32 tolerances.
+They reuse the CPU suites' tests with GPU ranks, with ``floatX=float32`` (a GPU
+user's usual choice; ``fork()`` leaves floatX as set).  ``fork()``'s default
+precision computes float32 matrix products in full float32, so results compare
+with PyTensor on the CPU at float32 tolerances.
 """
 
 import os
@@ -11,6 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import pytensor  # noqa: E402
 import pytest  # noqa: E402
 
 from synkhronos._devices.gpu import gpu_stack_available, visible_gpus  # noqa: E402
@@ -34,3 +36,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="needs JAX and CuPy (pip install synkhronos[gpu])"))
             elif _GPUS < need:
                 item.add_marker(pytest.mark.skip(reason="needs %d GPUs" % need))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float32():
+    """floatX float32 for each GPU module, as a GPU user sets it (restored after)."""
+    before = pytensor.config.floatX
+    pytensor.config.floatX = "float32"
+    yield
+    pytensor.config.floatX = before

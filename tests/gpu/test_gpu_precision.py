@@ -66,6 +66,7 @@ SCRIPT = textwrap.dedent("""
     import synkhronos as synk
     from synkhronos.extensions import nnet, train, updates
 
+    pytensor.config.floatX = "float32"
     synk.fork(2)
     rng = np.random.default_rng(0)
     x, y = pt.tensor4("x"), pt.matrix("y")

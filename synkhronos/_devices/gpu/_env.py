@@ -94,13 +94,20 @@ class EnvMixin:
 
     @property
     def status(self):
-        """What the status line of ``fork()`` says about this device's numerics."""
+        """What the status line of ``fork()`` says about this device's numerics:
+        the precision of float32 products, and what float64 values become."""
+        import pytensor
+
         if self.precision == "highest":
-            return "float32 matmul precision: highest (full float32)"
-        if self.precision == "bf16":
-            return ("float32 matmul precision: bf16 (bfloat16 matrix products and convolutions, "
-                    "float32 accumulation and everything else)")
-        return "float32 matmul precision: tf32 (TensorFloat-32, ~1e-3 relative error)"
+            products = "float32 matmul precision: highest (full float32)"
+        elif self.precision == "bf16":
+            products = ("float32 matmul precision: bf16 (bfloat16 matrix products and convolutions, "
+                        "float32 accumulation and everything else)")
+        else:
+            products = "float32 matmul precision: tf32 (TensorFloat-32, ~1e-3 relative error)"
+        if pytensor.config.floatX == "float64":
+            return products + "; floatX float64: float64 graphs run in float64"
+        return products + "; floatX float32: float64 and int64 values are kept in 32 bits on the GPU"
 
     def worker_env(self, rank, n_parallel):
         return self._env(rank)

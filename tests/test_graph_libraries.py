@@ -1,0 +1,94 @@
+"""Graphs as users' model libraries build them: layers as ``OpFromGraph``
+subclasses (pytensor-ml's ``LayerOp`` is one) whose gradients were taken, inputs
+with static shapes, and Ops that pickle cannot copy."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.compile.builders import OpFromGraph
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+
+import synkhronos as synk
+
+
+class DenseLayer(OpFromGraph):
+    """A layer as model libraries write one: an OpFromGraph subclass with props."""
+
+    __props__ = ("n_out",)
+
+    def __init__(self, *args, n_out, **kwargs):
+        self.n_out = n_out
+        super().__init__(*args, **kwargs)
+
+
+def dense(x, w, b):
+    xi, wi, bi = pt.matrix("xi"), pt.matrix("wi"), pt.vector("bi")
+    return DenseLayer([xi, wi, bi], [pt.tanh(xi @ wi + bi)], n_out=3)(x, w, b)
+
+
+@pytest.fixture(scope="module")
+def session():
+    synk.close()
+    synk.fork(2, use_gpu=False)
+    yield
+    synk.close()
+
+
+def test_layers_with_gradients_distribute_and_train_like_pytensor(session):
+    rng = np.random.default_rng(0)
+    w0, b0 = rng.standard_normal((4, 3)), rng.standard_normal(3)
+    w, b = pytensor.shared(w0.copy(), name="w"), pytensor.shared(b0.copy(), name="b")
+    x, y = pt.matrix("x"), pt.matrix("y")
+    loss = ((dense(x, w, b) - y) ** 2).mean()
+    grads = pytensor.grad(loss, [w, b])  # caches the layer's gradient Op (a closure) in it
+    step = [(p, p - 0.1 * g) for p, g in zip([w, b], grads)]
+    f = synk.function([x, y], outputs=loss, updates=step)
+    synk.distribute()
+    plain = pytensor.function([x, y], [loss, *grads])
+    x_np, y_np = rng.standard_normal((30, 4)), rng.standard_normal((30, 3))
+    wp, bp = w0.copy(), b0.copy()
+    for _ in range(3):
+        w.set_value(wp), b.set_value(bp)
+        want, gw, gb = plain(x_np, y_np)
+        got = f(synk.data(x_np), synk.data(y_np))
+        synk.all_reduce(w, op="avg"), synk.all_reduce(b, op="avg")  # ranks' halves: equal rows
+        wp, bp = wp - 0.1 * gw, bp - 0.1 * gb
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        np.testing.assert_allclose(w.get_value(), wp, rtol=1e-12)
+        np.testing.assert_allclose(synk.gather(b, nd_up=1)[1], bp, rtol=1e-12)
+
+
+def test_an_input_with_a_fixed_row_count_is_refused_at_function(session):
+    x = pt.tensor("batch", shape=(100, 64))
+    with pytest.raises(ValueError, match=r"'?batch'? has a fixed number of rows \(shape=\(100, 64\)\).*"
+                                         r"shape=\(None, 64\)"):
+        synk.function([x], outputs=(x.sum(), "sum"))
+    ok = pt.tensor("rows", shape=(None, 64))  # the fix it names; broadcast inputs may be fixed
+    w = pt.tensor("w", shape=(64, 2))
+    synk.function([ok], bcast_inputs=[w], outputs=(ok.dot(w).sum(), "sum"))
+
+
+class _Scaled(Op):
+    """An Op holding a lambda: pickle cannot copy it."""
+
+    def __init__(self):
+        self.fn = lambda v: 2 * v
+
+    def make_node(self, x):
+        x = pt.as_tensor(x)
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, outputs):
+        outputs[0][0] = self.fn(inputs[0])
+
+
+def test_an_op_that_cannot_pickle_is_named_at_distribute(session):
+    x = pt.vector("x")
+    f = synk.function([x], outputs=(_Scaled()(x).sum(), "sum"), name="scaled")
+    with pytest.raises(TypeError, match=r"distribute\(\): function 'scaled' cannot be sent to the "
+                                        r"workers.*lambda.*module level"):
+        synk.distribute()
+    with pytest.raises(RuntimeError, match="distribute"):
+        f(synk.data(np.ones(4)))

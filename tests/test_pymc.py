@@ -233,3 +233,81 @@ def test_logp_and_gradient_equal_pymcs_under_mpi(tmp_path):
                           env=mpi_env(SYNKHRONOS_HOST_PER_RANK="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "equal on 4 MPI ranks, float64" in proc.stdout
+
+
+def _kinds_data(n=1001, seed=4):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n)
+    return x, np.clip(1.0 + 2.0 * x + rng.standard_normal(n), -1.0, 3.0)
+
+
+def normal_mixture():
+    _, y = _kinds_data()
+    with pm.Model() as m:
+        w = pm.Dirichlet("w", np.ones(2))
+        mu = pm.Normal("mu", [-1.0, 1.0], 1.0, shape=2)
+        pm.NormalMixture("y", w=w, mu=mu, sigma=1.0, observed=y)
+    return m
+
+
+def mixture():
+    _, y = _kinds_data()
+    with pm.Model() as m:
+        w = pm.Dirichlet("w", np.ones(2))
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.Mixture("y", w=w, comp_dists=[pm.Normal.dist(mu, 1.0), pm.StudentT.dist(nu=4, mu=mu, sigma=1.0)],
+                   observed=y)
+    return m
+
+
+def custom_logp():
+    x, y = _kinds_data()
+
+    def logp(value, mu, sigma):
+        return -0.5 * ((value - mu) / sigma) ** 2 - pt.log(sigma)
+
+    with pm.Model() as m:
+        b = pm.Normal("b")
+        s = pm.HalfNormal("s")
+        pm.CustomDist("y", b * x, s, logp=logp, observed=y)
+    return m
+
+
+def censored():
+    x, y = _kinds_data()
+    with pm.Model() as m:
+        b = pm.Normal("b")
+        s = pm.HalfNormal("s")
+        pm.Censored("y", pm.Normal.dist(b * x, s), lower=-1.0, upper=3.0, observed=y)
+    return m
+
+
+def custom_dist():
+    _, y = _kinds_data()
+
+    def dist(mu, sigma, size):
+        return mu + sigma * pm.Normal.dist(size=size)
+
+    with pm.Model() as m:
+        mu = pm.Normal("mu")
+        s = pm.HalfNormal("s")
+        pm.CustomDist("y", mu, s, dist=dist, observed=y)
+    return m
+
+
+@pytest.mark.parametrize("make", [normal_mixture, mixture, custom_logp], ids=lambda f: f.__name__)
+def test_mixtures_and_custom_logps_split(session, make):
+    """Likelihoods that are PyMC symbolic variables (mixtures) or user log-densities."""
+    model = make()
+    assert_same_density(model, data_parallel(model))
+
+
+@pytest.mark.parametrize("make, match", [
+    (censored, "'y': its log-density graph cannot be sent to the ranks"),
+    (custom_dist, "'y': PyMC gives no log-density for it made again"),
+], ids=["censored", "custom_dist"])
+def test_what_cannot_be_split_is_named_and_the_session_goes_on(session, make, match):
+    with pytest.raises(ValueError, match=match):
+        data_parallel(make())
+    model = logistic(101)  # nothing of the refused model was left registered
+    assert_same_density(model, data_parallel(model))

@@ -114,6 +114,7 @@ def _distributed_op(terms, model):
     """Build, distribute and fill the Synkhronos function of ``terms``; the Op
     that calls it."""
     params, data, row_shareds, total, grads = worker_graph(terms)
+    _check_sendable(terms, [total] + grads)
     fn = _function.function([], [(total, "sum")] + [(g, "sum") for g in grads],
                             bcast_inputs=params + data, name="pymc rows of %s" % terms.names())
     _api.distribute()
@@ -121,6 +122,21 @@ def _distributed_op(terms, model):
     continuous = [p.dtype.startswith("float") for p in params] + [False] * len(data)
     datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in params + data]
     return RowsLogp(fn, terms.names(), total.dtype, continuous, datas, lambda: _whole_function(terms))
+
+
+def _check_sendable(terms, outputs):
+    """Raise ValueError, before any function is registered, if the ranks' graph
+    cannot be pickled to the workers (PyMC's measurable transforms, as in
+    ``pm.Censored`` and mixtures, hold lambdas)."""
+    from .._pickling import dumps_cores
+
+    try:
+        dumps_cores(outputs)
+    except Exception as exc:
+        raise ValueError(
+            "observed %s: its log-density graph cannot be sent to the ranks (pickle: %s: %s); "
+            "leave it out of observed= to compute it in this process"
+            % (terms.names(), type(exc).__name__, exc)) from exc
 
 
 def _whole_function(terms):

@@ -101,7 +101,11 @@ def find_terms(model, observed, rows):
         stand = _row_input(value, rv.name)
         stands.append(stand)
         stand_values.append(np.ascontiguousarray(_value_of(value)))
-        lp = pm.logp(_sized_by(rv, stand), stand, warn_rvs=False)
+        try:
+            lp = pm.logp(_sized_by(rv, stand), stand, warn_rvs=False)
+        except NotImplementedError as exc:
+            raise ValueError("observed variable %r: PyMC gives no log-density for it made again with "
+                             "any number of rows (%s); leave it out of observed=" % (rv.name, exc)) from exc
         logps.append(_free_of_row_count(lp, rows))
     params, data, row_vars = [], [], list(stands)
     row_values = list(stand_values)
@@ -117,6 +121,8 @@ def find_terms(model, observed, rows):
         elif v in model.observed_RVs:
             raise ValueError("the log-density of %s depends on observed variable %r: not supported"
                              % (", ".join(repr(rv.name) for rv in observed), v.name))
+        elif _is_generator(v):
+            continue  # a generator the rebuilt variable holds: a log-density never draws from it
         elif isinstance(v, SharedVariable | Constant) and _leading(v) == rows:
             row_vars.append(v)
             row_values.append(np.ascontiguousarray(_value_of(v)))
@@ -137,12 +143,22 @@ def _row_input(var, name):
     return TensorType(var.dtype, shape=(None,) + tuple(var.type.shape[1:]))(name=name)
 
 
+def _is_generator(var):
+    from pytensor.tensor.random.type import RandomType
+
+    return isinstance(var.type, RandomType)
+
+
 def _sized_by(rv, value):
     """``rv`` made again with its size taken from ``value``'s shape, when PyMC
     fixed it to the observed data's (a rank's share has fewer rows)."""
+    from pymc.distributions.distribution import SymbolicRandomVariable
+    from pymc.distributions.shape_utils import change_dist_size
     from pytensor.tensor.random.op import RandomVariable
 
     node = rv.owner
+    if isinstance(node.op, SymbolicRandomVariable):  # Censored, Mixture, CustomDist(dist=...)
+        return change_dist_size(rv, value.shape[:value.ndim - node.op.ndim_supp])
     if not isinstance(node.op, RandomVariable):
         return rv
     rng, size, *params = node.inputs

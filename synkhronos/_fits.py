@@ -23,13 +23,13 @@ def targets(rt, shared_vars):
                         % (shared_vars,))
     ids = []
     for v in variables:
-        i = rt.registry.distributed_shared_id(v)
+        i = rt.registry.shared_id(v)
         if i is None:
-            if rt.registry.shared_id(v) is not None:
-                raise RuntimeError("shared variable %r belongs to a function built since the last "
-                                   "synkhronos.distribute(): call distribute() again first" % (v,))
             raise ValueError("shared variable %r is not used in any Synkhronos function, so the "
                              "workers do not have it" % (v,))
+        if i >= rt.registry.n_distributed_shareds:
+            raise RuntimeError("shared variable %r belongs to a function built since the last "
+                               "synkhronos.distribute(): call distribute() again first" % (v,))
         ids.append(i)
     return list(variables), ids, single
 

@@ -20,13 +20,8 @@ def dumps_cores(obj, known=()):
     new function that uses one must use the worker's variable, not a copy, so
     each is pickled as a reference (its variable, container and value cell) that
     ``loads_cores`` resolves against the worker's list."""
-    from pytensor.compile import Function
-
     buf = io.BytesIO()
-    pickler = _KnownPickler(buf, known)
-    pickler.dispatch_table = copyreg.dispatch_table.copy()
-    pickler.dispatch_table[Function] = _reduce_function
-    pickler.dump(obj)
+    _KnownPickler(buf, known).dump(obj)
     return buf.getvalue()
 
 
@@ -63,17 +58,21 @@ def _parts(var):
 
 class _KnownPickler(pickle.Pickler):
     def __init__(self, buf, known):
+        from pytensor.compile import Function
+        from pytensor.compile.builders import OpFromGraph
+
         super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
         self._refs = {id(obj): (part, i) for i, var in enumerate(known)
                       for part, obj in zip(_PARTS, _parts(var))}
+        self._function, self._op_from_graph = Function, OpFromGraph
 
     def persistent_id(self, obj):
         return self._refs.get(id(obj)) if self._refs else None
 
     def reducer_override(self, obj):
-        from pytensor.compile.builders import OpFromGraph
-
-        if isinstance(obj, OpFromGraph):
+        if type(obj) is self._function:
+            return _reduce_function(obj)
+        if isinstance(obj, self._op_from_graph):
             return _reduce_op_from_graph(obj)
         return NotImplemented
 

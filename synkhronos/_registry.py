@@ -70,11 +70,6 @@ class Registry:
         scan: every collective looks its variables up."""
         return self._shared_ids.get(id(var))
 
-    def distributed_shared_id(self, var):
-        """Index of ``var`` if the workers hold it, else None."""
-        i = self._shared_ids.get(id(var))
-        return i if i is not None and i < self.n_distributed_shareds else None
-
     def shared(self, index):
         return self._shareds[index]
 

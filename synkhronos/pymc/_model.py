@@ -10,7 +10,7 @@ from .. import _api, _data, _function, _runtime
 from .. import _collectives as _coll
 from .._plan import split_bounds
 from ._op import RowsLogp
-from ._terms import check_rowwise, find_terms, row_count, worker_graph
+from ._terms import _continuous, check_rowwise, find_terms, row_count, worker_graph
 
 __all__ = ["data_parallel"]
 
@@ -119,7 +119,7 @@ def _distributed_op(terms, model):
                             bcast_inputs=params + data, name="pymc rows of %s" % terms.names())
     _api.distribute()
     _coll.scatter(row_shareds, terms.row_values)
-    continuous = [p.dtype.startswith("float") for p in params] + [False] * len(data)
+    continuous = [_continuous(p) for p in params] + [False] * len(data)
     datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in params + data]
     return RowsLogp(fn, terms.names(), total.dtype, continuous, datas, lambda: _whole_function(terms))
 

@@ -238,7 +238,7 @@ def check_rowwise(model, terms, bounds):
     inputs = [v.type() for v in terms.params + terms.data] + row_inputs(terms)
     logps = _replaced(terms.logps, dict(zip(terms.params + terms.data + terms.row_vars, inputs)))
     fn = pytensor.function(inputs, logps, mode="FAST_COMPILE", on_unused_input="ignore")
-    head = point + [np.asarray(v.get_value(borrow=True)) for v in terms.data]
+    head = point + [_value_of(v) for v in terms.data]
     whole = fn(*head, *terms.row_values)
     parts = [fn(*head, *[val[a:b] for val in terms.row_values]) for a, b in bounds]
     rows = bounds[-1][1]

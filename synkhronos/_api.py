@@ -87,7 +87,8 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         ranks on that host, at least 1), unless any of ``OMP_NUM_THREADS``,
         ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ... is set: then the
         environment decides, for every rank.  The master's pools are changed
-        with threadpoolctl and restored by ``close()``.  JAX's CPU pool (for
+        with threadpoolctl, those it loads later through the variables (set in
+        its environment until ``close()``), and restored by ``close()``.  JAX's CPU pool (for
         ``mode="JAX"``) runs on as many cores, a set of its own per rank.  GPU
         ranks ignore it.
 

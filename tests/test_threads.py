@@ -127,3 +127,45 @@ def test_jax_pools_on_cores_of_their_own(no_thread_vars):
     assert all(len(p) == share for p in pools), pools
     assert not pools[0] & pools[1], "the ranks' pools share no core: %s" % pools
     assert len(json.loads(lines["main"])) == usable_cores(), "the master keeps all its cores"
+
+
+_LOADED_LATER = """
+import json, os
+import numpy as np, pytensor, pytensor.tensor as pt
+from threadpoolctl import threadpool_info
+import synkhronos as synk
+
+def pools():
+    return {i["filepath"]: i["num_threads"] for i in threadpool_info()}
+
+synk.fork(2, use_gpu=False)
+at_fork = pools()
+x = pt.matrix("x")
+f = synk.function([x], outputs=(x.dot(x.T).sum(), "sum"), mode="NUMBA")
+synk.distribute()
+print("result", float(f(synk.data(np.ones((8, 3))))))
+in_session = pools()
+synk.close()
+print("pools", json.dumps([at_fork, in_session, pools()]))
+print("env", json.dumps({v: os.environ.get(v) for v in %r}))
+"""
+
+
+def test_a_pool_loaded_after_fork_gets_the_share_too(no_thread_vars):
+    """PyTensor's Numba linker loads a BLAS of its own (SciPy's) at its first product,
+    after fork(): that pool gets the master's share too, not every core beside the
+    workers; close() gives it the size it would have had and the environment back."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    proc = subprocess.run([sys.executable, "-c", _LOADED_LATER % (THREAD_VARS,)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
+    assert float(lines["result"]) == 2 * 4 * 4 * 3, "each rank: 4 rows, a 4x4 product of 3s"
+    at_fork, in_session, after = json.loads(lines["pools"])
+    share = max(1, usable_cores() // 2)
+    assert all(n == share for n in in_session.values()), in_session
+    later = set(in_session) - set(at_fork)
+    if not later:  # PyTensor 2 imports SciPy, and so loads its BLAS, before fork()
+        pytest.skip("no BLAS was loaded after fork() here: %s" % sorted(in_session))
+    assert all(after[lib] == usable_cores() for lib in later), after
+    assert all(v is None for v in json.loads(lines["env"]).values()), lines["env"]

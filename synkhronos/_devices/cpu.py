@@ -39,14 +39,32 @@ def thread_share(ranks_here, threads=None):
 
 
 def limit_threads(count):
-    """Set this process's BLAS and OpenMP pools, already loaded, to ``count``
-    threads; returns the threadpoolctl controller whose
-    ``restore_original_limits()`` undoes it (None for ``count`` None)."""
+    """Give this process's BLAS and OpenMP pools ``count`` threads: those loaded
+    now through threadpoolctl, those loaded later (PyTensor's linkers load SciPy's
+    own BLAS at their first product) through ``THREAD_VARS``, which a library
+    reads as it loads.  Returns a function that undoes both (None for ``count``
+    None): the variables as they were, the pools loaded before as they were, and
+    those loaded since at the size they would have had (the cores)."""
     if count is None:
         return None
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import ThreadpoolController
 
-    return threadpool_limits(limits=count)
+    saved_env = {v: os.environ.get(v) for v in THREAD_VARS}
+    os.environ.update({v: str(count) for v in THREAD_VARS})
+    controller = ThreadpoolController()
+    before = {lib.filepath: lib.num_threads for lib in controller.lib_controllers}
+    controller.limit(limits=count)
+
+    def restore():
+        for var, value in saved_env.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        for lib in ThreadpoolController().lib_controllers:
+            lib.set_num_threads(before.get(lib.filepath, usable_cores()))
+
+    return restore
 
 
 def core_share(index, threads):
@@ -115,7 +133,7 @@ class CpuDevice(Device):
     threads = None  # each rank's BLAS and OpenMP threads; None: as the user's environment says
     thread_choice = None  # fork()'s ``threads``
     jax_cores = None  # the cores of this rank's JAX thread pool (see start_jax_pool)
-    _limits = None  # the master's threadpoolctl controller, undone at close
+    _restore_threads = None  # undoes the master's thread limits at close
 
     @property
     def status(self):
@@ -148,7 +166,7 @@ class CpuDevice(Device):
         of its JAX pool."""
         self.thread_choice = threads  # what ranks launched by MPI apply on their own hosts
         self.threads = thread_share(ranks_here, threads)
-        self._limits = limit_threads(self.threads)
+        self._restore_threads = limit_threads(self.threads)
         self.jax_cores = core_share(index, self.threads)
 
     def start_jax_pool(self):
@@ -165,9 +183,9 @@ class CpuDevice(Device):
 
     def close(self, abort=False):
         """Give the master's thread pools back their sizes from before ``fork()``."""
-        limits, self._limits = self._limits, None
-        if limits is not None:
-            limits.restore_original_limits()
+        restore, self._restore_threads = self._restore_threads, None
+        if restore is not None:
+            restore()
 
     @staticmethod
     def to_host(values):

@@ -31,6 +31,7 @@ FIGSIZE = {
     "bf16_loss_curve": (12.0, 5.0),
     "call_overhead": (15.0, 5.0),
     "collectives": (13.0, 5.5),
+    "cpu_backends": (13.0, 5.0),
     "cpu_scaling": (12.0, 5.0),
     "gpu_scaling": (12.0, 5.0),
     "mpi_collectives": (15.0, 5.0),

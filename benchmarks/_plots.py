@@ -15,7 +15,7 @@ page that shows them can rely on it.
 This module is the entry point: :func:`write_plot`, :func:`benchmark_name`,
 :func:`png_path` and the ``PLOTTERS`` table.  The plotting functions live in
 ``_plots_gpu`` (resnet50_scaling, gpu_scaling, collectives) and ``_plots_cpu``
-(cpu_scaling, call_overhead, soak, mpi_collectives), the figure and caption helpers with
+(cpu_scaling, cpu_backends, call_overhead, soak, mpi_collectives), the figure and caption helpers with
 ``FIGSIZE`` and ``DPI`` in ``_plot_common``; all of them are re-exported here.
 """
 
@@ -23,7 +23,13 @@ import json
 import os
 
 from _plot_common import DPI, FIGSIZE
-from _plots_cpu import plot_call_overhead, plot_cpu_scaling, plot_mpi_collectives, plot_soak
+from _plots_cpu import (
+    plot_call_overhead,
+    plot_cpu_backends,
+    plot_cpu_scaling,
+    plot_mpi_collectives,
+    plot_soak,
+)
 from _plots_gpu import plot_bf16_loss_curve, plot_collectives, plot_gpu_scaling, plot_resnet50_scaling
 
 __all__ = [
@@ -34,6 +40,7 @@ __all__ = [
     "plot_bf16_loss_curve",
     "plot_call_overhead",
     "plot_collectives",
+    "plot_cpu_backends",
     "plot_cpu_scaling",
     "plot_gpu_scaling",
     "plot_mpi_collectives",
@@ -49,6 +56,7 @@ PLOTTERS = {
     "bf16_loss_curve": plot_bf16_loss_curve,
     "call_overhead": plot_call_overhead,
     "collectives": plot_collectives,
+    "cpu_backends": plot_cpu_backends,
     "cpu_scaling": plot_cpu_scaling,
     "gpu_scaling": plot_gpu_scaling,
     "mpi_collectives": plot_mpi_collectives,

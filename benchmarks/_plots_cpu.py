@@ -1,5 +1,5 @@
-"""Pictures of the CPU benchmarks: ``cpu_scaling``, ``call_overhead``, ``soak``,
-``mpi_collectives``.
+"""Pictures of the CPU benchmarks: ``cpu_scaling``, ``cpu_backends``, ``call_overhead``,
+``soak``, ``mpi_collectives``.
 
 Each function takes the payload its script wrote (as read back from JSON) and the
 PNG path, and returns the path; ``_plots.write_plot`` calls them through
@@ -11,7 +11,7 @@ CPU-worker one; a GPU run only changes labels, title and caption.
 
 from _plot_common import _figure, _finish, _headroom, _int_ticks, _machine_line, _nan, _style, _thousands
 
-__all__ = ["plot_call_overhead", "plot_cpu_scaling", "plot_mpi_collectives", "plot_soak"]
+__all__ = ["plot_call_overhead", "plot_cpu_backends", "plot_cpu_scaling", "plot_mpi_collectives", "plot_soak"]
 
 
 # ---------------------------------------------------------------- cpu_scaling
@@ -70,6 +70,48 @@ def plot_cpu_scaling(payload, png):
                      (payload.get("machine") or {}).get("blas")),
     ]
     return _finish(fig, title, caption, png)
+
+
+# --------------------------------------------------------------- cpu_backends
+def plot_cpu_backends(payload, png):
+    """Whole-command times, cold and warm, and the per-step cost of JAX, per workload.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``cpu_backends.py`` wrote: ``summary`` (per workload: ``numba_cold_s``,
+        ``numba_warm_s``, ``jax_cold_s``, ``jax_warm_s``, ``jax_over_numba_work``),
+        ``runs``, ``settings`` and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    summ = payload["summary"]
+    names = [s["workload"] for s in summ]
+    fig, (ax, ax_r) = _figure("cpu_backends", 2)
+    bars = (("numba_cold_s", "Numba, empty cache", "C0", None), ("numba_warm_s", "Numba, warm", "C0", "//"),
+            ("jax_cold_s", "JAX, empty cache", "C1", None), ("jax_warm_s", "JAX, warm", "C1", "//"))
+    width = 0.8 / len(bars)
+    for i, (key, label, color, hatch) in enumerate(bars):
+        xs = [j + (i - 1.5) * width for j in range(len(names))]
+        ax.bar(xs, [s[key] for s in summ], width, color=color, alpha=0.55 if hatch else 0.9, hatch=hatch,
+               label=label)
+    ax.set_xticks(range(len(names)), names)
+    _style(ax, "workload (2 CPU ranks)", "whole command (s)", "Wall time, first run and later runs")
+    ax_r.bar(range(len(names)), [s["jax_over_numba_work"] for s in summ], 0.6, color="C1")
+    ax_r.axhline(1.0, color="0.3", lw=1, ls="--", label="same speed")
+    ax_r.axhline(1.1, color="C3", lw=1, ls=":", label="10% slower")
+    ax_r.set_xticks(range(len(names)), names)
+    _headroom(ax_r, [s["jax_over_numba_work"] for s in summ] + [1.1], 1.3)
+    _style(ax_r, "workload", "JAX time / Numba time", "Work once compiled (warm)")
+    caption = [_machine_line(payload),
+               "medians of %s round(s); work: median time per training step, warm (the demos': after their "
+               "first epoch)" % (payload.get("settings") or {}).get("rounds")]
+    return _finish(fig, "CPU workers: Numba or JAX", caption, png)
 
 
 # -------------------------------------------------------------- call_overhead

@@ -95,6 +95,14 @@ def _build_mlp(seed):
     return x, y, params, pt.grad(loss, params)
 
 
+def _mode(args):
+    """The same linker for all three configurations: Synkhronos' CPU ranks would
+    take JAX for a function naming no mode, the plain functions PyTensor's own."""
+    import pytensor
+
+    return args.mode or str(pytensor.config.mode)
+
+
 def _timed_steps(fn, steps):
     times = []
     for _ in range(steps):
@@ -110,7 +118,7 @@ def child_warm(args):
 
     t0 = time.perf_counter()
     x, y, _, grads = _build_mlp(args.seed)
-    f = pytensor.function([x, y], grads)
+    f = pytensor.function([x, y], grads, mode=_mode(args))
     f(*_make_data(64, args.seed))
     return {"compile_s": time.perf_counter() - t0}
 
@@ -120,7 +128,7 @@ def child_threads(args):
 
     t0 = time.perf_counter()
     x, y, _, grads = _build_mlp(args.seed)
-    f = pytensor.function([x, y], grads)
+    f = pytensor.function([x, y], grads, mode=_mode(args))
     xd, yd = _make_data(args.batch, args.seed)
     f(xd, yd)  # first call: loads the compiled code
     setup = time.perf_counter() - t0
@@ -132,7 +140,7 @@ def _proc_worker(rank, n, args, barrier, queue):
         import pytensor
 
         x, y, _, grads = _build_mlp(args.seed)
-        f = pytensor.function([x, y], grads)
+        f = pytensor.function([x, y], grads, mode=_mode(args))
         start, stop = _split(args.batch, n)[rank]
         xd, yd = _make_data(args.batch, args.seed)
         xd, yd = xd[start:stop].copy(), yd[start:stop].copy()
@@ -184,7 +192,7 @@ def child_synk(args):
         synk.fork(args.n, use_gpu=False)
     try:
         x, y, _, grads = _build_mlp(args.seed)
-        f = synk.function([x, y], outputs=grads)
+        f = synk.function([x, y], outputs=grads, mode=_mode(args))
         with contextlib.redirect_stdout(io.StringIO()):
             synk.distribute()
         xd, yd = _make_data(args.batch, args.seed)
@@ -215,6 +223,7 @@ def run_child(mode, n, args):
     """Run one configuration in a fresh interpreter; returns its result dict."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", mode, "--_n", str(n),
            "--batch", str(args.batch), "--steps", str(args.steps), "--seed", str(args.seed)]
+    cmd += ["--mode", args.mode] if args.mode else []
     threads = n if mode == "threads" else 1
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=_child_env(threads), capture_output=True, text=True,
@@ -241,6 +250,8 @@ def _parse(argv=None):
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/cpu_scaling.json)")
     p.add_argument("--_child", dest="child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--_n", dest="n", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--mode", default=None,
+                   help="PyTensor mode of all three configurations [PyTensor's own, from its flags]")
     args = p.parse_args(argv)
     quick = args.quick and not args.child
     for key, default, small in (("batch", 4096, 1024), ("steps", 10, 3), ("repeats", 3, 1)):

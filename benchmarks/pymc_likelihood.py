@@ -9,6 +9,11 @@ The PyMC baseline is timed in this process, outside any Synkhronos session (its
 default BLAS threads), before each rank count: the speedup divides by the mean of
 the baselines timed next to it.  Both sides compute in float64.
 
+``--gpu`` puts the copy's ranks on GPUs (default one).  With ``--sample`` the
+baseline is then what a PyMC user with a GPU picks today,
+``pm.sample(nuts_sampler="numpyro")`` on the same GPU (in a process of its own, so
+that its JAX does not share the session's), with PyMC's other defaults.
+
 Needs PyMC (``pip install ".[pymc,bench]"``).  Prints a table, writes JSON and a PNG.
 """
 
@@ -21,7 +26,16 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import default_out, machine_info, median, print_machine, table, usable_cores  # noqa: E402
+from _common import (  # noqa: E402
+    _version,
+    default_out,
+    gpu_name,
+    machine_info,
+    median,
+    print_machine,
+    table,
+    usable_cores,
+)
 
 
 def build(kind, rows, seed=0):
@@ -78,7 +92,7 @@ def likelihood_rows(args):
             logp_ref = base_fn(q)[0]
             for n in args.ranks:
                 base = per_eval_ms(base_fn, q, args.evals)
-                synk.fork(n, use_gpu=False)
+                synk.fork(n, use_gpu=args.gpu)
                 try:
                     fn, q2 = evaluator(data_parallel(model))
                     assert np.array_equal(q, q2)
@@ -103,9 +117,38 @@ def _summary(idata):
             for name in post.data_vars}
 
 
+def _sample_opts(args):
+    return dict(draws=args.draws, tune=args.tune, chains=2, random_seed=1, progressbar=False,
+                compute_convergence_checks=False)
+
+
+def numpyro_child(args):
+    """``pm.sample(nuts_sampler="numpyro")`` on the GPU: wall time and posterior summary."""
+    import pymc as pm
+
+    model = build(args.models[0], args.sample_rows)
+    t0 = time.perf_counter()
+    idata = pm.sample(model=model, nuts_sampler="numpyro", **_sample_opts(args))
+    print("@@NUMPYRO " + json.dumps({"seconds": time.perf_counter() - t0, "summary": _summary(idata)}))
+
+
+def _numpyro_baseline(args, kind):
+    import subprocess
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--_numpyro", "--models", kind, "--sample-rows",
+           str(args.sample_rows), "--tune", str(args.tune), "--draws", str(args.draws)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@NUMPYRO ")]
+    if proc.returncode or not lines:
+        raise RuntimeError("numpyro run failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
+    res = json.loads(lines[-1][10:])
+    return res["seconds"], res["summary"]
+
+
 def sampling(args):
-    """``pm.sample`` with PyMC's defaults against the data-parallel copy
-    (chains in this process: ``cores=1``), same draws and seed."""
+    """``pm.sample`` with PyMC's defaults (with ``--gpu``: its numpyro sampler)
+    against the data-parallel copy (chains in this process: ``cores=1``), same
+    draws and seed."""
     import pymc as pm
 
     import synkhronos as synk
@@ -114,12 +157,14 @@ def sampling(args):
     out = []
     for kind in args.models:
         model = build(kind, args.sample_rows)
-        opts = dict(draws=args.draws, tune=args.tune, chains=2, random_seed=1, progressbar=False,
-                    compute_convergence_checks=False)
-        t0 = time.perf_counter()
-        plain = pm.sample(model=model, **opts)
-        t_plain = time.perf_counter() - t0
-        synk.fork(use_gpu=False)
+        opts = _sample_opts(args)
+        if args.gpu:
+            t_plain, a = _numpyro_baseline(args, kind)
+        else:
+            t0 = time.perf_counter()
+            a = _summary(pm.sample(model=model, **opts))
+            t_plain = time.perf_counter() - t0
+        synk.fork(args.ranks[0] if args.gpu else None, use_gpu=args.gpu)
         try:
             fast = data_parallel(model)
             t0 = time.perf_counter()
@@ -127,13 +172,14 @@ def sampling(args):
             t_synk = time.perf_counter() - t0
         finally:
             synk.close()
-        a, b = _summary(plain), _summary(split)
+        b = _summary(split)
         worst = max(abs(m1 - m2) / s1 for k in a for m1, s1, m2 in zip(a[k][0], a[k][1], b[k][0]))
-        out.append(dict(model=kind, rows=args.sample_rows, pymc_s=t_plain, synk_s=t_synk,
+        baseline = "numpyro, GPU" if args.gpu else "PyMC defaults"
+        out.append(dict(model=kind, rows=args.sample_rows, baseline=baseline, pymc_s=t_plain, synk_s=t_synk,
                         speedup=t_plain / t_synk, max_mean_diff_in_sd=worst, pymc=a, synk=b))
-        print("  pm.sample %s, %d rows: PyMC defaults %.1f s, Synkhronos cores=1 %.1f s (%.2fx); "
-              "max |mean difference| %.3f posterior SD" % (kind, args.sample_rows, t_plain, t_synk,
-                                                          t_plain / t_synk, worst), flush=True)
+        print("  pm.sample %s, %d rows: %s %.1f s, Synkhronos cores=1 %.1f s (%.2fx); "
+              "max |mean difference| %.3f posterior SD"
+              % (kind, args.sample_rows, baseline, t_plain, t_synk, t_plain / t_synk, worst), flush=True)
     return out
 
 
@@ -166,24 +212,34 @@ def _parse(argv):
     cores = usable_cores()
     p.add_argument("--models", default="logistic,hierarchical", type=lambda s: s.split(","))
     p.add_argument("--rows", default="100000,1000000", type=lambda s: [int(float(v)) for v in s.split(",")])
-    p.add_argument("--ranks", default=",".join(str(n) for n in (1, 2, 4) if n <= cores),
-                   type=lambda s: [int(v) for v in s.split(",")])
+    p.add_argument("--ranks", default=None, type=lambda s: [int(v) for v in s.split(",")],
+                   help="rank counts (default: 1, 2, 4 up to the cores; with --gpu: 1)")
+    p.add_argument("--gpu", action="store_true", help="GPU ranks; pm.sample against numpyro on the GPU")
     p.add_argument("--evals", type=int, default=30, help="timed evaluations per setting (median)")
     p.add_argument("--sample", action="store_true", help="also time pm.sample both ways")
     p.add_argument("--sample-rows", type=int, default=100_000)
     p.add_argument("--tune", type=int, default=1000)
     p.add_argument("--draws", type=int, default=1000)
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
-    return p.parse_args(argv)
+    p.add_argument("--_numpyro", dest="numpyro", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.ranks is None:
+        args.ranks = [1] if args.gpu else [n for n in (1, 2, 4) if n <= cores]
+    return args
 
 
 def main(argv=None):
     args = _parse(argv)
+    if args.numpyro:
+        return numpyro_child(args)
     import pymc
     import pytensor
 
     info = machine_info()
     info["pymc"] = pymc.__version__
+    if args.gpu:
+        info.update(gpu_name=gpu_name(), jax=_version("jax"), numpyro=_version("numpyro"))
+        print("GPU %s, jax %s, numpyro %s" % (info["gpu_name"], info["jax"], info["numpyro"]))
     print_machine(info)
     print("pymc %s, pytensor mode %s, floatX %s (both sides float64 data and parameters)"
           % (pymc.__version__, pytensor.config.mode, pytensor.config.floatX))
@@ -193,9 +249,9 @@ def main(argv=None):
                   "%.2fx" % r["speedup"]] for r in records]))
     sampled = sampling(args) if args.sample else []
     if sampled:
-        print(table(["model", "rows", "PyMC s (defaults)", "Synkhronos s (cores=1)", "speedup",
+        print(table(["model", "rows", "baseline", "baseline s", "Synkhronos s (cores=1)", "speedup",
                      "max |dmean|/sd"],
-                    [[s["model"], s["rows"], "%.1f" % s["pymc_s"], "%.1f" % s["synk_s"],
+                    [[s["model"], s["rows"], s["baseline"], "%.1f" % s["pymc_s"], "%.1f" % s["synk_s"],
                       "%.2fx" % s["speedup"], "%.3f" % s["max_mean_diff_in_sd"]] for s in sampled]))
     out = args.out or default_out(__file__)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -7,10 +7,11 @@ import time
 from . import _log, _runtime
 from ._arguments import as_var_list, check_inputs, check_sliceable, parse_givens, parse_outputs, parse_updates
 from ._call import order_inputs, plan_call
-from ._core import FunctionCore, compile_function, is_jax_mode, links_with_jax
+from ._core import FunctionCore
 from ._data import Data, make_data
 from ._dtypes import array_fits
 from ._exchange import receive
+from ._linking import compile_for_device
 from ._precompile import precompile
 from ._results import in_graph_dtypes, reduce_results, take_reduced
 from ._run import device_reduction, run_local, run_reduced
@@ -70,13 +71,10 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     given_pairs = parse_givens(givens)
     sliceable = as_var_list(sliceable_shareds, "sliceable_shareds")
     check_sliceable(sliceable, out_vars + [u for _, u in update_pairs] + [g for _, g in given_pairs])
-    kwargs = _device_kwargs(rt.device, kwargs)
-    if links_with_jax(kwargs.get("mode")):  # before PyTensor's JAX linker starts the backend
-        rt.device.start_jax_pool()
     index = rt.registry.next_function_index()
     t0 = time.monotonic()
-    plain = compile_function(scat + bcast, list(out_vars), updates=update_pairs,
-                             givens=given_pairs, **kwargs)
+    plain, kwargs = compile_for_device(rt.device, scat + bcast, out_vars, update_pairs, given_pairs, kwargs,
+                                       "#%d" % index)
     logger.debug("function %s built by PyTensor in %.2f s (%s)", repr(plain.name) if plain.name
                  else "#%d" % index, time.monotonic() - t0, type(plain.maker.linker).__name__)
     core = FunctionCore(index, plain, scat + bcast, len(scat), out_vars, out_modes,
@@ -84,22 +82,6 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     fn = Function(core, single, rt)
     rt.registry.add_function(fn, plain.get_shared())
     return fn
-
-
-def _device_kwargs(device, kwargs):
-    """``pytensor.function``'s keyword arguments for ``device``: its mode, the
-    bf16 rewrite under ``fork(precision="bf16")`` (see ``_mixed``), and in JAX
-    mode the rewrite that keeps shapes computed from shapes concrete."""
-    kwargs = device.function_kwargs(kwargs)
-    if device.precision == "bf16":
-        from ._mixed import bf16_mode
-
-        kwargs["mode"] = bf16_mode(kwargs.get("mode"))
-    if is_jax_mode(kwargs.get("mode")):
-        from ._jax_shapes import jax_mode
-
-        kwargs["mode"] = jax_mode(kwargs["mode"])
-    return kwargs
 
 
 class Function:

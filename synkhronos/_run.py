@@ -105,16 +105,22 @@ def run_local(core, device, scattered, bcast, share_sel, subset, num_slices):
             )
     weight = n_rows if n_rows is not None else share_len
     if weight is None:  # nothing to split: every rank runs the whole function
-        return 1, core.variant(subset, False, None)(*_fit(core, bcast))
+        return 1, _run_whole(core, device, subset, None, _fit(core, bcast))
     if weight == 0:
         return 0, None
     slices = min(num_slices, weight)
     if slices == 1:
         kind, share_args = core.share_args(share_sel, None)
         ins = [take_rows(a, sel) for a, sel in scattered] + list(bcast)
-        ins = _fit(core, ins) + share_args
-        return weight, core.variant(subset, False, kind)(*ins)
+        return weight, _run_whole(core, device, subset, kind, _fit(core, ins) + share_args)
     return weight, _run_sliced(core, device, scattered, bcast, share_sel, subset, weight, slices)
+
+def _run_whole(core, device, subset, kind, ins):
+    outputs = core.variant(subset, False, kind)(*ins)
+    if core.updates:
+        device.after_updates(core)
+    return outputs
+
 
 def _run_sliced(core, device, scattered, bcast, share_sel, subset, length, slices):
     accumulate = bool(core.updates)

@@ -27,8 +27,8 @@ import _plots  # noqa: E402
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # (width, height) in pixels of each benchmark's picture.
 PIXELS = {"bf16_loss_curve": (1200, 500), "call_overhead": (1500, 500), "collectives": (1300, 550),
-          "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500), "mpi_collectives": (1500, 500),
-          "resnet50_scaling": (1200, 500), "soak": (1200, 500)}
+          "cpu_backends": (1300, 500), "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500),
+          "mpi_collectives": (1500, 500), "resnet50_scaling": (1200, 500), "soak": (1200, 500)}
 ENV = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
 
 
@@ -108,6 +108,25 @@ def test_soak_writes_png(tmp_path):
         payload = json.load(f)
     assert payload["benchmark"] == "soak" and len(payload["samples"]) >= 2
     _check_png(png, "soak")
+
+
+def test_cpu_backends_child_and_png(tmp_path):
+    """The likelihood workload runs for real (one timed step); the table's rows
+    come from ``summarize`` over made-up cold and warm runs, drawn as the script does."""
+    proc = _run_ok(os.path.join(BENCH, "cpu_backends.py"), "--_child", "likelihood", "--steps", "1")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@RESULT ")][-1]
+    assert json.loads(line[9:])["step_s"] > 0
+    mod = _script("cpu_backends")
+    runs = [dict(round=r, workload=w, backend=b, cold=dict(wall_s=20.0 + r, work_s=1.0, unit="s/step"),
+                 warm=dict(wall_s=5.0, work_s=1.0 if b == "numba" else 1.5 + r, unit="s/step"))
+            for r in range(2) for w in ("mlp_demo", "likelihood") for b in mod.BACKENDS]
+    summary = mod.summarize(runs, ["mlp_demo", "likelihood"])
+    assert [s["jax_over_numba_work"] for s in summary] == [2.0, 2.0]  # medians of 1.5 and 2.5 over 1.0
+    assert summary[0]["numba_cold_s"] == 20.5
+    out = str(tmp_path / "cpu_backends.json")
+    _common.write_results(out, {"benchmark": "cpu_backends", "machine": _machine(), "summary": summary,
+                                "runs": runs, "settings": {"rounds": 2}})
+    _check_png(out[:-5] + ".png", "cpu_backends")
 
 
 # ----------------------------------------------- GPU benchmarks, made-up timings

@@ -204,6 +204,7 @@ def main(argv=None):
           % (name, len(x_tr), len(x_va), len(x_te), n, args.model, args.pattern, args.rule))
     t0 = time.time()
     history = {"train_loss": [], "train_acc": [], "val_acc": []}
+    step_times = []  # the time of each training step after the first epoch's (which may compile)
     # Synkhronos' messages (the first epoch compiles) print above the bar instead of through it.
     with logging_redirect_tqdm(loggers=[logging.getLogger("synkhronos")]):
         bar = tqdm(range(args.epochs), desc="epochs", unit="epoch")
@@ -211,12 +212,15 @@ def main(argv=None):
             losses = []
             order = rng.permutation(len(x_tr))
             for s in range(steps_per_epoch):
+                t_step = time.perf_counter()
                 if args.pattern == "cpu_data":
                     idx = order[s * args.batch_size:(s + 1) * args.batch_size]
                     losses.append(float(step(d_x, d_y, batch=idx)))
                 else:  # each rank draws its share of the batch from its own rows
                     per_rank = max(1, args.batch_size // n)
                     losses.append(float(step(batch_s=[rng.integers(0, m, per_rank) for m in local])))
+                if history["val_acc"]:
+                    step_times.append(time.perf_counter() - t_step)
             val = float(accuracy(*d_va, num_slices=2))
             history["train_loss"].append(float(np.mean(losses)))
             history["val_acc"].append(val)
@@ -224,8 +228,9 @@ def main(argv=None):
                 history["train_acc"].append(float(accuracy(d_x, d_y, num_slices=2)))
             bar.set_postfix(loss="%.4f" % np.mean(losses), val_acc="%.4f" % val)
     test = float(accuracy(*d_te, num_slices=2))
-    print("Summary: %s %s, %d epochs in %.1f s on %d ranks: validation accuracy %.4f, test accuracy %.4f"
-          % (name, args.model, args.epochs, time.time() - t0, n, val, test))
+    print("Summary: %s %s, %d epochs in %.1f s on %d ranks: validation accuracy %.4f, test accuracy %.4f%s"
+          % (name, args.model, args.epochs, time.time() - t0, n, val, test,
+             "; median step %.2f ms" % (1e3 * np.median(step_times)) if step_times else ""))
     synk.close()
     if args.plot:
         plot_curves(args.plot, history, test, "%s, %s, pattern %s, %s, %d ranks" % (name, args.model.upper(),

@@ -43,6 +43,7 @@ class Device:
     reduces_outputs = False
     reduce_dtypes = ()
     wait_hook = None
+    jax_default = False  # functions that name no mode compile with JAX only where it is the default
 
     def __init__(self, precision="highest"):
         self.precision = precision
@@ -73,6 +74,9 @@ class Device:
     def function_kwargs(self, kwargs):
         """The ``pytensor.function`` keyword arguments for this device."""
         return kwargs
+
+    def after_updates(self, core):
+        """After a call of ``core`` updated its shared variables on this rank."""
 
     def place_shareds(self, shareds):
         """Put the distributed shared variables' values where calls use them."""

@@ -2,6 +2,7 @@
 between them: every rank, the master included, gets its share of its host's
 cores (docs: "CPU workers")."""
 
+import importlib.util
 import os
 import sys
 
@@ -10,7 +11,7 @@ import numpy as np
 from ._base import Device
 
 __all__ = ["CpuDevice", "usable_cores", "THREAD_VARS", "thread_share", "limit_threads", "thread_pools",
-           "core_share", "start_jax_pool", "worker_jax_cores"]
+           "core_share", "start_jax_pool", "worker_jax_cores", "jax_by_default"]
 
 # The variables by which a user fixes thread counts; any of them set means the
 # user chose, and no rank's threads are changed.
@@ -65,6 +66,27 @@ def limit_threads(count):
             lib.set_num_threads(before.get(lib.filepath, usable_cores()))
 
     return restore
+
+
+def jax_by_default():
+    """Whether CPU ranks compile a function that names no ``mode`` with JAX: JAX
+    is installed and PyTensor's mode is its default (no ``mode`` in its flags).
+    JAX was chosen by measurement (``benchmarks/cpu_backends.py``): it compiles in
+    seconds where Numba takes tens of seconds on an empty cache, and once
+    compiled its steps took as long or less."""
+    import pytensor
+
+    return str(pytensor.config.mode) == "Mode" and importlib.util.find_spec("jax") is not None
+
+
+def _jax_settings(x64, cache=True):
+    import jax
+    import pytensor
+
+    jax.config.update("jax_enable_x64", x64)
+    if cache and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.join(pytensor.config.compiledir, "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 def core_share(index, threads):
@@ -134,29 +156,56 @@ class CpuDevice(Device):
     thread_choice = None  # fork()'s ``threads``
     jax_cores = None  # the cores of this rank's JAX thread pool (see start_jax_pool)
     _restore_threads = None  # undoes the master's thread limits at close
+    jax_default = False  # functions that name no mode compile with JAX (jax_by_default)
 
     @property
     def status(self):
         """What the status line of ``fork()`` says about this device's numerics."""
         if self.precision == "bf16":
             return "bf16 matrix products and convolutions emulated with numpy (slow)"
-        return ""
+        if not self.jax_default:
+            return ""
+        import pytensor
+
+        if pytensor.config.floatX == "float64":
+            return "functions compile with JAX (floatX float64: float64 graphs run in float64)"
+        return ("functions compile with JAX (floatX float32: float64 and int64 values are kept in "
+                "32 bits; mode=\"NUMBA\" keeps them)")
 
     def available(self):
         return usable_cores()
 
-    @staticmethod
-    def configure_jax():
-        """Functions the user compiles with ``mode="JAX"`` follow PyTensor's rule
-        (64-bit mode when ``floatX`` is float64).  PyTensor applies it when its JAX
-        backend is first imported; if that happened before ``fork()`` settled
-        ``floatX`` (say, an extension registering JAX implementations was imported
-        first), apply it again now."""
-        if "pytensor.link.jax.dispatch.basic" in sys.modules:
-            import jax
-            import pytensor
+    def configure_jax(self):
+        """JAX follows PyTensor's rule: its 64-bit mode is on when ``floatX`` is
+        float64 (PyTensor applies it when its JAX backend is first imported; if
+        that happened before ``floatX`` was settled, it is applied again here).
+        Where JAX is the default linker (``jax_by_default``), its compiled code
+        also goes to a persistent cache beside PyTensor's, unless the user set
+        one, so that later runs load it."""
+        import pytensor
 
-            jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
+        self.jax_default = jax_by_default()
+        if self.jax_default or "pytensor.link.jax.dispatch.basic" in sys.modules:
+            import pytensor.link.jax.dispatch  # noqa: F401  (first: its import sets the 64-bit mode)
+
+            _jax_settings(pytensor.config.floatX == "float64", cache=self.jax_default)
+
+    def function_kwargs(self, kwargs):
+        """Compile with JAX where it is the default linker and the call names no mode."""
+        if self.jax_default and "mode" not in kwargs:
+            return dict(kwargs, mode="JAX")
+        return kwargs
+
+    @staticmethod
+    def after_updates(core):
+        """A JAX function leaves JAX arrays in the shared variables it updates;
+        they become numpy arrays again (a copy), which every linker reads, and the
+        user's own functions in the master: Numba cannot read a JAX array."""
+        if core.index_only:  # a JAX-mode function
+            for var, _ in core.updates:
+                storage = var.container.storage
+                if not isinstance(storage[0], np.ndarray) and type(storage[0]).__module__.startswith("jax"):
+                    storage[0] = np.array(storage[0])
 
     def share_threads(self, ranks_here, threads=None, index=0):
         """Give this process, and the workers it spawns, their share of the

@@ -1,0 +1,55 @@
+"""Which linker a Synkhronos function compiles with on its device.
+
+The device's own choice (JAX on GPU ranks, and on CPU ranks where JAX is the
+default there: see ``_devices.cpu.jax_by_default``), the bf16 rewrite under
+``fork(precision="bf16")``, the JAX rewrite that keeps shapes computed from
+shapes concrete, and the way back: where JAX is only the default, a graph it
+cannot compile (an Op with no JAX implementation) compiles with PyTensor's own
+default linker, with a log line naming the function and the Op.
+"""
+
+import logging
+
+from ._core import compile_function, is_jax_mode, links_with_jax
+
+__all__ = ["compile_for_device", "device_kwargs"]
+
+logger = logging.getLogger("synkhronos")
+
+
+def device_kwargs(device, kwargs):
+    """``pytensor.function``'s keyword arguments for ``device``: its mode, the
+    bf16 rewrite under ``fork(precision="bf16")`` (see ``_mixed``), and in JAX
+    mode the rewrite that keeps shapes computed from shapes concrete."""
+    kwargs = device.function_kwargs(kwargs)
+    if device.precision == "bf16":
+        from ._mixed import bf16_mode
+
+        kwargs["mode"] = bf16_mode(kwargs.get("mode"))
+    if is_jax_mode(kwargs.get("mode")):
+        from ._jax_shapes import jax_mode
+
+        kwargs["mode"] = jax_mode(kwargs["mode"])
+    return kwargs
+
+
+def compile_for_device(device, inputs, outputs, updates, givens, kwargs, label):
+    """Compile the plain PyTensor function of a Synkhronos function for
+    ``device``; returns it and the keyword arguments it was compiled with.
+    ``kwargs`` are the user's; ``label`` names the function in the log line."""
+    given = kwargs
+    kwargs = device_kwargs(device, given)
+    if links_with_jax(kwargs.get("mode")):  # before PyTensor's JAX linker starts the backend
+        device.start_jax_pool()
+    by_default = "mode" not in given and device.jax_default
+    try:
+        return compile_function(inputs, list(outputs), updates=updates, givens=givens, **kwargs), kwargs
+    except NotImplementedError as exc:
+        if not by_default:
+            raise
+        logger.info("function %s: JAX cannot compile it (%s); it compiles with PyTensor's "
+                    "default linker instead", repr(given["name"]) if given.get("name") else label,
+                    str(exc).splitlines()[0])
+    kwargs = device_kwargs(device, dict(given, mode="Mode"))
+    return compile_function(inputs, list(outputs), updates=updates, givens=givens, **kwargs), kwargs
+

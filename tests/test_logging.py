@@ -136,7 +136,7 @@ def test_no_numba_warning_and_compiling_said(tmp_path):
         print("result", f(synk.data(np.ones((4, 3), "float32"))).sum())
         synk.close()
     """)
-    env = dict(os.environ, PYTENSOR_FLAGS="base_compiledir=%s" % (tmp_path / "synk"),
+    env = dict(os.environ, PYTENSOR_FLAGS="base_compiledir=%s,mode=NUMBA" % (tmp_path / "synk"),
                SYNKHRONOS_COMPILE_NOTICE_S="0")
     env.pop("SYNKHRONOS_LOG_LEVEL", None)
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,

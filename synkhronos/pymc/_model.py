@@ -113,7 +113,7 @@ def _check_rows(rows):
 def _linker_of_pymc():
     """On CPU ranks, the linker PyMC's own functions use (PyTensor's mode), not
     Synkhronos' JAX default: on a 2-core VM a logistic regression's logp+dlogp
-    over 10^6 rows on 2 ranks took 41.6 ms with JAX, 27.7-32.6 ms with PyTensor 2.38's
+    over 10^6 rows on 2 ranks took 41.6 ms with JAX, 26.0-32.6 ms with PyTensor 2.38's
     C linker (PyMC's single process: 54-57 ms).  GPU ranks compile with JAX."""
     import pytensor
 

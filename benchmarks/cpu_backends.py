@@ -56,13 +56,10 @@ _SUMMARY = re.compile(r"median step ([0-9.]+) ms")
 
 # ----------------------------------------------------------------- child side
 def _steps(fn, steps):
+    from cpu_scaling import _timed_steps
+
     fn()  # compiles (JAX) or loads (Numba)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return median(times)
+    return median(_timed_steps(fn, steps))
 
 
 def _plain_step(inputs, outputs, values, steps):
@@ -89,10 +86,11 @@ def child_likelihood(steps):
     beta = pt.vector("b", dtype="float64")
     eta = x.dot(beta)
     logp = (y * eta - pt.softplus(eta)).sum()
+    grad = pt.grad(logp, beta)
     b_np = rng.standard_normal(16) * 0.1
-    plain = _plain_step([x, y, beta], [logp, pt.grad(logp, beta)], (x_np, y_np, b_np), steps)
+    plain = _plain_step([x, y, beta], [logp, grad], (x_np, y_np, b_np), steps)
     synk.fork(2)
-    f = synk.function([x, y], bcast_inputs=[beta], outputs=[(logp, "sum"), (pt.grad(logp, beta), "sum")])
+    f = synk.function([x, y], bcast_inputs=[beta], outputs=[(logp, "sum"), (grad, "sum")])
     synk.distribute()
     xd, yd, bd = synk.data(x_np), synk.data(y_np), synk.data(b_np)
     step = _steps(lambda: f(xd, yd, bd), steps)

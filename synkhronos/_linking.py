@@ -52,4 +52,3 @@ def compile_for_device(device, inputs, outputs, updates, givens, kwargs, label):
                     str(exc).splitlines()[0])
     kwargs = device_kwargs(device, dict(given, mode="Mode"))
     return compile_function(inputs, list(outputs), updates=updates, givens=givens, **kwargs), kwargs
-

@@ -115,6 +115,7 @@ def run_local(core, device, scattered, bcast, share_sel, subset, num_slices):
         return weight, _run_whole(core, device, subset, kind, _fit(core, ins) + share_args)
     return weight, _run_sliced(core, device, scattered, bcast, share_sel, subset, weight, slices)
 
+
 def _run_whole(core, device, subset, kind, ins):
     outputs = core.variant(subset, False, kind)(*ins)
     if core.updates:

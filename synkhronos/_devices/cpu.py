@@ -79,12 +79,12 @@ def jax_by_default():
     return str(pytensor.config.mode) == "Mode" and importlib.util.find_spec("jax") is not None
 
 
-def _jax_settings(x64, cache=True):
+def _use_jax_cache():
+    """JAX's persistent compilation cache beside PyTensor's, unless the user set one."""
     import jax
     import pytensor
 
-    jax.config.update("jax_enable_x64", x64)
-    if cache and not jax.config.jax_compilation_cache_dir:
+    if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", os.path.join(pytensor.config.compiledir, "jax"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
@@ -176,19 +176,18 @@ class CpuDevice(Device):
         return usable_cores()
 
     def configure_jax(self):
-        """JAX follows PyTensor's rule: its 64-bit mode is on when ``floatX`` is
-        float64 (PyTensor applies it when its JAX backend is first imported; if
-        that happened before ``floatX`` was settled, it is applied again here).
-        Where JAX is the default linker (``jax_by_default``), its compiled code
-        also goes to a persistent cache beside PyTensor's, unless the user set
-        one, so that later runs load it."""
-        import pytensor
-
+        """Whether JAX is the default linker here (``jax_by_default``); and JAX
+        follows PyTensor's rule, its 64-bit mode on when ``floatX`` is float64.
+        PyTensor applies the rule when its JAX backend is first imported (JAX
+        itself is imported no sooner: it takes a second or more); if that
+        happened before ``fork()`` settled ``floatX`` (say, an extension
+        registering JAX implementations was imported first), apply it again now."""
         self.jax_default = jax_by_default()
-        if self.jax_default or "pytensor.link.jax.dispatch.basic" in sys.modules:
-            import pytensor.link.jax.dispatch  # noqa: F401  (first: its import sets the 64-bit mode)
+        if "pytensor.link.jax.dispatch.basic" in sys.modules:
+            import jax
+            import pytensor
 
-            _jax_settings(pytensor.config.floatX == "float64", cache=self.jax_default)
+            jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
 
     def function_kwargs(self, kwargs):
         """Compile with JAX where it is the default linker and the call names no mode."""
@@ -219,7 +218,11 @@ class CpuDevice(Device):
         self.jax_cores = core_share(index, self.threads)
 
     def start_jax_pool(self):
-        """Start JAX's CPU backend on this rank's share of the cores."""
+        """Start JAX's CPU backend on this rank's share of the cores (before
+        this rank's first JAX function); where JAX is the default linker, with its
+        persistent cache, so that later runs load the compiled code."""
+        if self.jax_default:
+            _use_jax_cache()
         start_jax_pool(self.jax_cores)
 
     def worker_env(self, rank, n_parallel):

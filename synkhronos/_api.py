@@ -66,14 +66,16 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         the CPU to float32 accuracy; ``'tf32'``: GPU ranks use TensorFloat-32
         (a 10-bit mantissa, ~1e-3 relative error), faster on Ampere and later
         GPUs, and CPU workers still compute in full float32; ``'bf16'``: mixed
-        precision, every rank rounds the inputs and results of Synkhronos
-        functions' float32 matrix products and convolutions to bfloat16 (an
-        8-bit mantissa) and accumulates in float32, while all else (parameters,
-        optimizer state, reductions, softmax, batch-norm statistics, the loss,
-        collectives) stays float32.  GPU ranks run those on bfloat16 tensor
-        cores; CPU workers emulate them with numpy (slowly) and give the same
-        numbers up to float32 summation order.  Plain PyTensor functions are
-        never changed.
+        precision in Synkhronos functions: float32 matrix products and
+        convolutions take bfloat16 inputs (an 8-bit mantissa) and accumulate in
+        float32, and activations between layers (their results, and the
+        elementwise work on them: normalization, ReLU, residual adds, and their
+        gradients) are stored in bfloat16, while parameters, optimizer state,
+        reductions (batch-norm statistics), softmax, the loss, collectives and
+        every output stay float32; the rule is in ``synkhronos._mixed``.  GPU
+        ranks run it on bfloat16 tensor cores; other linkers emulate it with
+        numpy (slowly) and give the same numbers up to float32 summation order.
+        Plain PyTensor functions are never changed.
     timeout : float or None, optional
         Seconds a worker may take to answer any request (a call, a collective,
         ``distribute()``, ...) before the master gives up on it (default 300).

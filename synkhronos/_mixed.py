@@ -1,25 +1,41 @@
-"""bfloat16 matrix products and convolutions: ``fork(precision="bf16")``.
+"""bfloat16 mixed precision: ``fork(precision="bf16")``.
 
-PyTensor has no bfloat16 type, so the graph keeps its float32 variables and the
-rewrite here changes how the nodes that profit from bfloat16 compute: every
-float32 ``Dot`` and every op that declares itself a product (a class attribute
-``bf16_product = True``: the convolutions of ``synkhronos.extensions.nnet``,
-forward and both gradients) is wrapped in ``Bf16Op``, which rounds its float32 inputs to
-bfloat16, computes with float32 accumulation, and rounds its result to bfloat16
-before handing it on as float32.  That is what mixed-precision training does
-with matrix products and convolutions (PyTorch's autocast among others);
-everything else stays float32: elementwise work, reductions, softmax, batch-norm
-statistics, the loss, the parameters, the optimizer's state and the gradient's
-all-reduce.
+PyTensor has no bfloat16 type, so the graph keeps its float32 variables and two
+rewrites change how its values are computed and stored:
 
-On GPU ranks ``Bf16Op``'s JAX implementation casts to ``jnp.bfloat16`` around
-the wrapped op's own, so XLA runs it on bfloat16 tensor cores.  Elsewhere (CPU
-workers, any linker) ``perform`` emulates it with numpy: the inputs are rounded
-to bfloat16 (to nearest, ties to even), the wrapped op computes in float32 and
-its result is rounded the same way, which gives the numbers a GPU gives up to
-the order of the float32 sums.  That is slow (a Python ``perform`` per wrapped
-node, which also keeps Numba from caching the graph), but correct, so a bf16 run
-can be checked on a laptop.
+1. **Products.**  Every float32 ``Dot`` and every op that declares itself a
+   product (a class attribute ``bf16_product = True``: the convolutions of
+   ``synkhronos.extensions.nnet``, forward and both gradients) is wrapped in
+   ``Bf16Op``: bfloat16 inputs, float32 accumulation, a bfloat16 result.
+2. **Activations** (``Bf16Activations``). A value stays bfloat16 between layers
+   where that is safe, by one rule: the float32 result of an elementwise op (or
+   of an op that says so, ``bf16_storage = True``) is stored in bfloat16 when at
+   least one input is and every input of the result's full size is. Inputs
+   broadcast against it (a batch-norm mean, a scale, a constant) do not count;
+   they are float32 and the op computes in float32. Reshapes, dimension shuffles
+   and slices keep their input's storage. Every other op reads a bfloat16 value
+   as float32 (``Bf16Load``): reductions (batch-norm statistics, the loss's
+   sums), softmax, pooling, joins, comparisons, and any op that mixes in a full-
+   size float32 value, such as a parameter's update. So products' and
+   convolutions' outputs, normalization, ReLU and residual adds, and their
+   gradients, are bfloat16 in memory; statistics, the loss, parameters, their
+   gradients once summed, the optimizer's state and the all-reduce are float32,
+   and so is every output of the function.
+
+That is what mixed-precision training in JAX does (a Flax model with
+``dtype=bfloat16`` and float32 parameters), so XLA reads and writes half the
+bytes of float32 in the memory-bound part of a step.
+
+On GPU ranks, and wherever a function compiles with JAX, the ops' JAX
+implementations cast: ``Bf16Op`` to ``jnp.bfloat16`` around the wrapped op's own,
+so XLA runs it on bfloat16 tensor cores, ``Bf16Store`` to bfloat16 and
+``Bf16Load`` back to float32.  Elsewhere (other linkers) ``perform`` emulates them
+with numpy: a value stored in bfloat16 is rounded to it (to nearest, ties to even)
+and stays a float32 array, which gives the numbers of JAX up to the order of
+float32 sums (XLA on a GPU may skip a rounding inside one of its fusions, which
+only adds precision).  That is slow (a Python ``perform`` per wrapped node, which also
+keeps Numba from caching the graph), but correct, so a bf16 run can be checked
+on a laptop.
 
 Synkhronos adds the rewrite (tag ``synk_bf16``) to its functions only when
 ``fork(precision="bf16")``; plain PyTensor functions are never changed.
@@ -28,12 +44,18 @@ Synkhronos adds the rewrite (tag ``synk_bf16``) to its functions only when
 import numpy as np
 from pytensor.compile import optdb
 from pytensor.compile.mode import Mode, get_mode
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import GraphRewriter
+from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
+from pytensor.tensor.shape import Reshape, SpecifyShape
+from pytensor.tensor.subtensor import Subtensor
 
 from ._wrapping import WrappingOp
 
-__all__ = ["Bf16Op", "Bf16Products", "TAG", "bf16_mode", "round_to_bf16"]
+__all__ = ["Bf16Activations", "Bf16Load", "Bf16Op", "Bf16Products", "Bf16Store", "TAG", "bf16_mode",
+           "round_to_bf16"]
 
 TAG = "synk_bf16"
 
@@ -92,6 +114,117 @@ class Bf16Products(GraphRewriter):
 optdb.register("synk_bf16_rewrite", Bf16Products(), TAG, position=1.65)
 
 
+class Bf16Store(Op):
+    """Its input, stored in bfloat16 (JAX) or rounded to it (``perform``); the
+    variable stays float32 in the graph."""
+
+    __props__ = ()
+
+    def make_node(self, x):
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, outputs):
+        outputs[0][0] = round_to_bf16(inputs[0])
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[0]]
+
+    def __str__(self):
+        return "Bf16Store"
+
+
+class Bf16Load(Op):
+    """A value stored in bfloat16, read as float32 (JAX: a cast; ``perform``: the
+    rounded float32 array as it is)."""
+
+    __props__ = ()
+    view_map = {0: [0]}
+
+    def make_node(self, x):
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, outputs):
+        outputs[0][0] = inputs[0]
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[0]]
+
+    def __str__(self):
+        return "Bf16Load"
+
+
+_KEEP_STORAGE = (DimShuffle, Reshape, SpecifyShape, Subtensor)  # values unchanged, rearranged
+
+
+def _full_size(var, out):
+    """Whether ``var`` is as large as ``out`` (not broadcast against it)."""
+    return var.type.ndim == out.type.ndim and var.type.broadcastable == out.type.broadcastable
+
+
+def _stores_result(node, stored):
+    """The rule of ``Bf16Activations`` for one node: an elementwise (or
+    ``bf16_storage``) node whose float32 results are stored in bfloat16."""
+    if not (isinstance(node.op, Elemwise) or getattr(node.op, "bf16_storage", False) is True):
+        return False
+    outs = [v for v in node.outputs if v.dtype == "float32"]
+    floats = [v for v in node.inputs if getattr(v, "dtype", "").startswith("float")]
+    if not outs or not any(v in stored for v in floats):
+        return False
+    return all(v in stored for v in floats if any(_full_size(v, o) for o in outs))
+
+
+class Bf16Activations(GraphRewriter):
+    """Store activations in bfloat16 by the rule of the module docstring: wrap
+    each result so stored in ``Bf16Store`` and give every other reader of a stored
+    value a ``Bf16Load``."""
+
+    def apply(self, fgraph):
+        stored, readers = set(), set()  # values kept in bfloat16; nodes that take them so
+        for node in list(fgraph.toposort()):
+            if node not in fgraph.apply_nodes:
+                continue
+            if isinstance(node.op, Bf16Op):
+                stored.update(node.outputs)
+                readers.add(node)
+            elif isinstance(node.op, _KEEP_STORAGE) and node.inputs[0] in stored:
+                stored.update(node.outputs)
+                readers.add(node)
+            elif _stores_result(node, stored):
+                readers.add(_store(fgraph, node, stored))
+        for var in stored:
+            _load_elsewhere(fgraph, var, readers)
+
+
+def _store(fgraph, node, stored):
+    """``node`` again, its float32 results through ``Bf16Store``; returns the new node."""
+    new = node.op.make_node(*node.inputs)
+    pairs = []
+    for old, out in zip(node.outputs, new.outputs):
+        kept = Bf16Store()(out) if out.dtype == "float32" else out
+        pairs.append((old, kept))
+        if kept is not out:
+            stored.add(kept)
+    fgraph.replace_all(pairs, reason="synk_bf16_activations")
+    return new
+
+
+def _load_elsewhere(fgraph, var, readers):
+    """Readers of ``var`` that do not take bfloat16 (any node not in ``readers``,
+    and the function's outputs) get it through one ``Bf16Load``."""
+    if var not in fgraph.variables:
+        return
+    others = [(client, i) for client, i in fgraph.clients[var] if client not in readers]
+    if others:
+        load = Bf16Load()(var)
+        for client, i in others:
+            fgraph.change_node_input(client, i, load, reason="synk_bf16_activations")
+
+
+# After every algebraic rewrite, before elementwise fusion (48-49) merges the ops whose
+# storage it decides.
+optdb.register("synk_bf16_activations", Bf16Activations(), TAG, position=47.9)
+
+
 def _register_jax():
     try:
         from pytensor.link.jax.dispatch import jax_funcify
@@ -107,12 +240,29 @@ def _register_jax():
 
         def bf16(*args):
             cast = [a.astype(jnp.bfloat16) if getattr(a, "dtype", None) == jnp.float32 else a for a in args]
-            result = inner(*cast)
+            result = inner(*cast)  # float32 results stay bfloat16: see Bf16Activations
             if len(out_dtypes) == 1:
-                return result.astype(out_dtypes[0])
-            return tuple(r.astype(d) for r, d in zip(result, out_dtypes))
+                return result.astype(_jax_dtype(out_dtypes[0]))
+            return tuple(r.astype(_jax_dtype(d)) for r, d in zip(result, out_dtypes))
 
         return bf16
+
+    @jax_funcify.register(Bf16Store)
+    def _jax_store(op, **kwargs):
+        import jax.numpy as jnp
+
+        return lambda x: x.astype(jnp.bfloat16)
+
+    @jax_funcify.register(Bf16Load)
+    def _jax_load(op, node, **kwargs):
+        dtype = node.outputs[0].dtype
+        return lambda x: x.astype(dtype)
+
+
+def _jax_dtype(dtype):
+    import jax.numpy as jnp
+
+    return jnp.bfloat16 if dtype == "float32" else dtype
 
 
 _register_jax()

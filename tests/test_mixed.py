@@ -140,3 +140,82 @@ def test_status_line_says_bf16_is_emulated(caplog):
 def test_bad_precision_is_named():
     with pytest.raises(ValueError, match="precision must be 'highest' .* 'tf32' or 'bf16', got 'fp16'"):
         synk.fork(2, use_gpu=False, precision="fp16")
+
+
+def _emulated(mode_name="py"):
+    """A bf16 mode that runs every op's ``perform``: the numpy emulation."""
+    from pytensor.compile.mode import Mode
+
+    from synkhronos._mixed import bf16_mode
+
+    return bf16_mode(Mode(linker=mode_name, optimizer="fast_run"))
+
+
+def _layer_graph(rng):
+    """relu(x.w + b) (a product, a broadcast bias, a ReLU), its column sums (a
+    reduction), its product with a full-size float32 matrix, and a comparison."""
+    x = pt.matrix("x")
+    w = pytensor.shared(rng.standard_normal((8, 4)).astype("float32"), name="w")
+    b = pytensor.shared(rng.standard_normal(4).astype("float32"), name="b")
+    v = pytensor.shared(rng.standard_normal((6, 4)).astype("float32"), name="v", shape=(6, 4))
+    h = pt.maximum(x.dot(w) + b, 0)
+    return x, w, b, v, [h, h.sum(axis=0), h * v, pt.gt(h, 0.5)]
+
+
+def test_activations_are_stored_in_bf16_statistics_and_mixed_values_in_float32():
+    from synkhronos._mixed import Bf16Load, Bf16Store
+
+    rng = np.random.default_rng(5)
+    x, w, b, v, outs = _layer_graph(rng)
+    f = pytensor.function([x], outs, mode=_emulated())
+    kinds = [type(n.op) for n in f.maker.fgraph.apply_nodes]
+    assert kinds.count(Bf16Store) == 2  # the biased product and its ReLU
+    assert kinds.count(Bf16Load) >= 1
+    xv = rng.standard_normal((6, 8)).astype("float32")
+    r = round_to_bf16
+    pre = r(r(r(xv) @ r(w.get_value())) + b.get_value())  # product, then the bias, each stored
+    h = r(np.maximum(pre, 0))
+    got_h, got_sum, got_hv, got_gt = f(xv)
+    np.testing.assert_array_equal(got_h, h)
+    np.testing.assert_allclose(got_sum, h.sum(axis=0), rtol=1e-6)  # a float32 sum of the stored values
+    np.testing.assert_array_equal(got_hv, h * v.get_value())  # a full-size float32 input: float32 result
+    assert not np.array_equal(got_hv, r(got_hv))  # ...not rounded
+    np.testing.assert_array_equal(got_gt, h > 0.5)
+    plain = pytensor.function([x], outs)  # not a Synkhronos bf16 function: untouched
+    assert not any(isinstance(n.op, (Bf16Store, Bf16Load, Bf16Op)) for n in plain.maker.fgraph.apply_nodes)
+
+
+def test_jax_keeps_bf16_inside_and_returns_float32():
+    pytest.importorskip("jax")
+    from synkhronos._mixed import bf16_mode
+
+    rng = np.random.default_rng(6)
+    x, w, b, v, outs = _layer_graph(rng)
+    f = pytensor.function([x], outs, mode=bf16_mode("JAX"))
+    em = pytensor.function([x], outs, mode=_emulated())
+    xv = rng.standard_normal((6, 8)).astype("float32")
+    got, want = f(xv), em(xv)
+    assert [np.asarray(g).dtype for g in got] == [np.dtype("float32")] * 3 + [np.dtype("bool")]
+    for g, e in zip(got[:3], want[:3]):
+        g = np.asarray(g)
+        assert np.all(np.abs(g - e) <= 2 * BF16_ULP * np.abs(e) + 1e-5)
+
+
+def test_parameters_keep_float32_through_a_bf16_update():
+    """A step smaller than a bfloat16 step of the parameters must still move them:
+    the update mixes in the full-size float32 parameter, so it is float32."""
+    from synkhronos._mixed import Bf16Store
+
+    rng = np.random.default_rng(7)
+    x = pt.matrix("x")
+    w0 = (1.0 + rng.random((8, 4))).astype("float32")
+    w = pytensor.shared(w0.copy(), name="w")
+    loss = pt.tanh(x.dot(w)).sum()
+    f = pytensor.function([x], loss, updates=[(w, w - 1e-4 * pytensor.grad(loss, w))], mode=_emulated())
+    assert any(isinstance(n.op, Bf16Store) for n in f.maker.fgraph.apply_nodes)  # the tanh and the step
+    f(rng.standard_normal((16, 8)).astype("float32"))
+    w1 = w.get_value()
+    assert w1.dtype == np.float32
+    moved = w1 != w0
+    assert moved.mean() > 0.9  # each weight moved by less than half its bfloat16 step
+    assert not np.array_equal(w1, round_to_bf16(w1))

@@ -101,8 +101,8 @@ class EnvMixin:
         if self.precision == "highest":
             products = "float32 matmul precision: highest (full float32)"
         elif self.precision == "bf16":
-            products = ("float32 matmul precision: bf16 (bfloat16 matrix products and convolutions, "
-                        "float32 accumulation and everything else)")
+            products = ("float32 matmul precision: bf16 (bfloat16 matrix products, convolutions and "
+                        "activations; float32 accumulation, statistics, loss and parameters)")
         else:
             products = "float32 matmul precision: tf32 (TensorFloat-32, ~1e-3 relative error)"
         if pytensor.config.floatX == "float64":

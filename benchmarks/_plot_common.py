@@ -35,6 +35,7 @@ FIGSIZE = {
     "cpu_scaling": (12.0, 5.0),
     "gpu_scaling": (12.0, 5.0),
     "mpi_collectives": (15.0, 5.0),
+    "resnet50_profile": (13.0, 5.0),
     "resnet50_scaling": (12.0, 5.0),
     "soak": (12.0, 5.0),
 }

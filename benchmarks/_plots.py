@@ -30,7 +30,13 @@ from _plots_cpu import (
     plot_mpi_collectives,
     plot_soak,
 )
-from _plots_gpu import plot_bf16_loss_curve, plot_collectives, plot_gpu_scaling, plot_resnet50_scaling
+from _plots_gpu import (
+    plot_bf16_loss_curve,
+    plot_collectives,
+    plot_gpu_scaling,
+    plot_resnet50_profile,
+    plot_resnet50_scaling,
+)
 
 __all__ = [
     "DPI",
@@ -44,6 +50,7 @@ __all__ = [
     "plot_cpu_scaling",
     "plot_gpu_scaling",
     "plot_mpi_collectives",
+    "plot_resnet50_profile",
     "plot_resnet50_scaling",
     "plot_soak",
     "png_path",
@@ -60,6 +67,7 @@ PLOTTERS = {
     "cpu_scaling": plot_cpu_scaling,
     "gpu_scaling": plot_gpu_scaling,
     "mpi_collectives": plot_mpi_collectives,
+    "resnet50_profile": plot_resnet50_profile,
     "resnet50_scaling": plot_resnet50_scaling,
     "soak": plot_soak,
 }

@@ -19,7 +19,8 @@ from _plot_common import (
     _thousands,
 )
 
-__all__ = ["plot_bf16_loss_curve", "plot_collectives", "plot_gpu_scaling", "plot_resnet50_scaling"]
+__all__ = ["plot_bf16_loss_curve", "plot_collectives", "plot_gpu_scaling", "plot_resnet50_profile",
+           "plot_resnet50_scaling"]
 
 
 # What PyTorch runs for each --precision of resnet50_scaling.py.
@@ -35,16 +36,26 @@ def _gpu_precision_label(precision):
 
 
 # ------------------------------------------------------------ resnet50_scaling
+_RESNET_SIDES = (("synk", "Synkhronos", "C0", "o"), ("ddp", "PyTorch DDP", "C1", "s"),
+                 ("flax", "Flax + optax", "C4", "D"), ("synk_mpi", "Synkhronos, mpirun, a host per rank",
+                                                       "C2", "^"))
+# What Flax runs for each --precision.
+_FLAX_PRECISION = {"highest": "full fp32 (matmul precision highest)", "fp32": "full fp32 (matmul precision "
+                   "highest)", "tf32": "TF32", "bf16": "layers in bf16, fp32 parameters and loss"}
+
+
 def plot_resnet50_scaling(payload, png):
-    """Images/s and parallel efficiency of Synkhronos and PyTorch DDP against GPUs.
+    """Images/s of Synkhronos, PyTorch DDP and Flax: against GPUs, with the parallel
+    efficiency, or for a run on one GPU count, as bars with Synkhronos's ratio to
+    each peer.
 
     Parameters
     ----------
     payload : dict
         What ``resnet50_scaling.py`` wrote: ``args`` (``precision``, ``batch_size``,
         ``blocks``, ``image_size``), ``results`` (one record per GPU count with
-        ``gpus``, ``synk_images_per_s``, ``ddp_images_per_s``, ``synk_efficiency``,
-        ``ddp_efficiency``; a failed run has None) and ``machine``.
+        ``gpus`` and, per side, ``<side>_images_per_s`` and ``<side>_efficiency``;
+        a side not run or failed has None) and ``machine``.
     png : str
         Path of the PNG to write.
 
@@ -55,16 +66,60 @@ def plot_resnet50_scaling(payload, png):
     """
     args = payload.get("args") or {}
     recs = payload["results"]
-    ns = [r["gpus"] for r in recs]
     precision = args.get("precision")
     prec = _gpu_precision_label(precision)
-    fig, (ax, ax_eff) = _figure("resnet50_scaling", 2)
-    sides = (("synk", "Synkhronos", "C0", "o"), ("ddp", "PyTorch DDP", "C1", "s"),
-             ("synk_mpi", "Synkhronos, mpirun, a host per rank", "C2", "^"))
+    sides = [side for side in _RESNET_SIDES
+             if any(r.get(side[0] + "_images_per_s") is not None for r in recs)]
+    fig, axes = _figure("resnet50_scaling", 2)
+    if len(recs) == 1:
+        _resnet_bars(axes, recs[0], sides, prec)
+    else:
+        _resnet_lines(axes, recs, sides, prec)
+    title = "ResNet training throughput: Synkhronos, PyTorch DDP and Flax"
+    caption = [
+        _machine_line(payload, gpu=True),
+        "precision: Synkhronos %s (fork(precision=%r)), PyTorch %s, Flax %s; "
+        "fp32 parameters; synk convolution layout %s; blocks %s, batch %s images per GPU, %s px, "
+        "median of %s steps"
+        % (prec, _FORK_PRECISION.get(precision, precision), _TORCH_PRECISION.get(precision, prec),
+           _FLAX_PRECISION.get(precision, prec), args.get("layout", "NCHW"), args.get("blocks"),
+           args.get("batch_size"), args.get("image_size"), args.get("steps")),
+    ]
+    return _finish(fig, title, caption, png)
+
+
+def _resnet_bars(axes, rec, sides, prec):
+    """One GPU count: images/s per side, and Synkhronos's ratio to each peer."""
+    ax, ax_ratio = axes
+    rates = [rec[key + "_images_per_s"] for key, *_ in sides]
+    bars = ax.bar([label for _, label, _, _ in sides], _nan(rates), color=[c for _, _, c, _ in sides])
+    for bar, v in zip(bars, rates):
+        if v is not None:
+            ax.annotate("%.0f" % v, (bar.get_x() + bar.get_width() / 2, v), textcoords="offset points",
+                        xytext=(0, 3), ha="center", fontsize=9)
+    _headroom(ax, [v for v in rates if v is not None], 1.15)
+    _thousands(ax)
+    _style(ax, "", "training throughput (images/s)", "Throughput on %d GPU(s), %s" % (rec["gpus"], prec),
+           legend=False)
+    peers = [(key, label, color) for key, label, color, _ in sides if key in ("ddp", "flax")]
+    ratios = [rec.get("synk_over_" + key) for key, _, _ in peers]
+    bars = ax_ratio.bar(["Synkhronos / " + label for _, label, _ in peers], _nan(ratios),
+                        color=[c for _, _, c in peers])
+    for bar, v in zip(bars, ratios):
+        if v is not None:
+            ax_ratio.annotate("%.2f" % v, (bar.get_x() + bar.get_width() / 2, v), textcoords="offset points",
+                              xytext=(0, 3), ha="center", fontsize=9)
+    ax_ratio.axhline(1.0, color="0.3", lw=1, ls="--", label="equal (1.0)")
+    _headroom(ax_ratio, [v for v in ratios if v is not None] + [1.0], 1.2)
+    _style(ax_ratio, "", "ratio of images/s", "Synkhronos against each peer")
+
+
+def _resnet_lines(axes, recs, sides, prec):
+    """Several GPU counts: images/s with each side's ideal, and the efficiencies."""
+    ax, ax_eff = axes
+    ns = [r["gpus"] for r in recs]
     for key, label, color, marker in sides:
         rates = [r.get(key + "_images_per_s") for r in recs]
-        if all(v is None for v in rates):
-            continue  # e.g. --skip-ddp
         ax.plot(ns, _nan(rates), marker=marker, color=color, lw=2, label="%s (%s)" % (label, prec))
         first = recs[0].get(key + "_images_per_s")
         if first is not None:  # the efficiencies are relative to the first count too
@@ -85,23 +140,64 @@ def plot_resnet50_scaling(payload, png):
     _style(ax, "GPUs", "training throughput (images/s)", "Throughput", loc="upper left")
     ax_eff.axhline(1.0, color="0.3", lw=1, ls="--", label="ideal (1.0)")
     ax_eff.axhline(0.97, color="C3", lw=1, ls=":", label="Synkhronos target at 2 GPUs (0.97)")
-    effs = [r.get(k + "_efficiency") for r in recs for k in ("synk", "ddp")]
+    effs = [r.get(k + "_efficiency") for r in recs for k in ("synk", "ddp", "flax")]
     lo = min([0.8] + [e for e in effs if e is not None])
     ax_eff.set_ylim(max(0.0, lo - 0.05), 1.06)
     _int_ticks(ax_eff, ns)
     _style(ax_eff, "GPUs", "parallel efficiency\n(images/s  /  (n x 1-GPU images/s))",
            "Scaling efficiency")
-    title = "ResNet training throughput: Synkhronos vs PyTorch DDP"
-    caption = [
-        _machine_line(payload, gpu=True),
-        "precision of products and convolutions: Synkhronos %s (fork(precision=%r)), PyTorch %s; "
-        "fp32 parameters; synk convolution layout %s; blocks %s, batch %s images per GPU, %s px, "
-        "median of %s steps"
-        % (prec, _FORK_PRECISION.get(precision, precision), _TORCH_PRECISION.get(precision, prec),
-           args.get("layout", "NCHW"), args.get("blocks"), args.get("batch_size"), args.get("image_size"),
-           args.get("steps")),
-    ]
-    return _finish(fig, title, caption, png)
+
+
+# ------------------------------------------------------------ resnet50_profile
+def plot_resnet50_profile(payload, png):
+    """GPU time per step by kernel category, one bar per side, and each category's
+    difference (Synkhronos minus Flax).
+
+    Parameters
+    ----------
+    payload : dict
+        What ``resnet50_profile.py`` wrote: ``args`` (``batch_size``, ``precision``,
+        ``layout``), ``results`` (per side: ``ms_per_step`` by category,
+        ``wall_ms_per_step``, ``images_per_s``; None where a side failed) and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    args = payload.get("args") or {}
+    res = {side: r for side, r in payload["results"].items() if r}
+    sides = list(res)
+    cats = sorted({c for r in res.values() for c in r["ms_per_step"]},
+                  key=lambda c: -max(r["ms_per_step"].get(c, 0.0) for r in res.values()))
+    fig, (ax, ax_diff) = _figure("resnet50_profile", 2)
+    bottoms = [0.0] * len(sides)
+    for i, cat in enumerate(cats):
+        ms = [res[s]["ms_per_step"].get(cat, 0.0) for s in sides]
+        ax.bar(sides, ms, bottom=bottoms, color="C%d" % i, label=cat)
+        bottoms = [b + m for b, m in zip(bottoms, ms)]
+    walls = [res[s]["wall_ms_per_step"] for s in sides]
+    ax.scatter(sides, walls, marker="_", s=900, color="k", zorder=3, label="step, wall clock")
+    for x, (s, w) in enumerate(zip(sides, walls)):
+        ax.annotate("%.1f ms, %.0f images/s" % (w, res[s]["images_per_s"]), (x, w),
+                    textcoords="offset points",
+                    xytext=(0, 5), ha="center", fontsize=8.5)
+    _headroom(ax, walls, 2.0)
+    _style(ax, "", "GPU kernel time per step (ms)", "Kernel time by category", loc="upper center")
+    if "synk" in res and "flax" in res:
+        synk, flax = res["synk"]["ms_per_step"], res["flax"]["ms_per_step"]
+        diffs = [synk.get(c, 0.0) - flax.get(c, 0.0) for c in cats]
+        ax_diff.barh(cats, diffs, color=["C3" if d > 0 else "C2" for d in diffs])
+        ax_diff.axvline(0.0, color=_GREY, lw=1)
+        ax_diff.invert_yaxis()
+    _style(ax_diff, "Synkhronos minus Flax (ms per step)", "", "Where the difference is", legend=False)
+    shown = tuple(args.get(k) for k in ("blocks", "batch_size", "precision", "layout", "steps"))
+    caption = [_machine_line(payload, gpu=True),
+               "ResNet blocks %s, batch %s, precision %s, Synkhronos convolution layout %s; kernels from "
+               "JAX's profiler over %s steps" % shown]
+    return _finish(fig, "Where a ResNet training step spends the GPU: Synkhronos and Flax", caption, png)
 
 
 # ---------------------------------------------------------------- gpu_scaling

@@ -1,24 +1,29 @@
 """ResNet-50 training throughput on 1, 2, 4, 8 GPUs: Synkhronos against PyTorch DDP
-on the same model shape, batch and GPUs, measured in the same run.
+and against the same model written directly in Flax, on the same model shape, batch
+and GPUs, measured in the same run.
 
 Synkhronos trains the bottleneck ResNet of ``demos/resnet`` (3,4,6,3 blocks, batch
 norm on batch statistics) with ``extensions.train.make_train_step`` (momentum SGD,
 one flat-gradient all-reduce per step); the images live on the GPUs in sliceable
 shared variables (the demo's gpu_data pattern).  PyTorch trains
 ``torchvision.models.resnet50`` with DDP (one process per GPU, NCCL), random images
-already on the GPU.  Both: fp32 parameters and data, the same ``--precision`` for
+already on the GPU.  Flax trains the model of ``_flax_resnet`` (Flax linen + optax,
+NHWC, one jitted step; on n GPUs the batch sharded over a mesh).  All: fp32
+parameters and data, the same ``--precision`` for
 matrix products and convolutions (``highest``: full float32 on both sides, i.e.
-``synk.fork(precision='highest')`` and PyTorch with TF32 off for cuBLAS and cuDNN;
-``tf32``: TensorFloat-32 on both sides; ``bf16``: mixed precision, i.e.
-``synk.fork(precision='bf16')`` against PyTorch's bf16 autocast with channels-last
-tensors, the configuration a speed-minded PyTorch user picks), ``--batch-size`` images per GPU,
+``synk.fork(precision='highest')``, PyTorch with TF32 off for cuBLAS and cuDNN, and
+Flax with JAX's default matmul precision ``highest``; ``tf32``: TensorFloat-32 on
+every side; ``bf16``: mixed precision, i.e. ``synk.fork(precision='bf16')`` against
+PyTorch's bf16 autocast with channels-last tensors, the configuration a speed-minded
+PyTorch user picks, and Flax layers with ``dtype=bfloat16``), ``--batch-size`` images per GPU,
 momentum SGD (learning rate 0.01), and the loss fetched to the host every step.
 Each setting runs in its own processes; images/s is the median over the timed
 steps.
 ``--layout NHWC`` transposes Synkhronos's convolutions to channels-last for XLA
 (``SYNKHRONOS_CONV_LAYOUT``), to compare with the graph's NCHW.
-Targets: Synkhronos scaling efficiency >= 0.97 at 2 GPUs; its 1-GPU images/s
->= 0.9x PyTorch's.
+``--peers`` picks the other sides (default ``ddp,flax``).
+Targets: Synkhronos scaling efficiency >= 0.97 at 2 GPUs; on one GPU its images/s
+>= 0.9x PyTorch's and >= 1.0x Flax's (bf16 batch 256: >= 1.05x).
 """
 
 import argparse
@@ -42,13 +47,17 @@ from _common import (
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# --precision: what each side runs (Synkhronos, PyTorch).
+# --precision: what each side runs (Synkhronos, PyTorch, Flax).
 PRECISION_LABELS = {
-    "fp32": ("full fp32 (fork(precision='highest'))", "full fp32 (allow_tf32=False for cuBLAS and cuDNN)"),
-    "tf32": ("TF32 (fork(precision='tf32'))", "TF32 (allow_tf32=True for cuBLAS and cuDNN)"),
-    "bf16": ("bf16 products and convolutions, fp32 elsewhere (fork(precision='bf16'))",
-             "bf16 autocast + channels_last"),
+    "fp32": ("full fp32 (fork(precision='highest'))", "full fp32 (allow_tf32=False for cuBLAS and cuDNN)",
+             "full fp32 (jax_default_matmul_precision='highest')"),
+    "tf32": ("TF32 (fork(precision='tf32'))", "TF32 (allow_tf32=True for cuBLAS and cuDNN)",
+             "TF32 (jax_default_matmul_precision='tensorfloat32')"),
+    "bf16": ("bf16 products, convolutions and activations; fp32 statistics, loss, parameters "
+             "(fork(precision='bf16'))", "bf16 autocast + channels_last",
+             "layers in bf16 (dtype=bfloat16), fp32 parameters and loss"),
 }
+PEERS = ("ddp", "flax")
 
 PRECISION_LABELS["highest"] = PRECISION_LABELS["fp32"]  # the fork() name, kept as an alias
 FORK_PRECISION = {"fp32": "highest"}
@@ -56,6 +65,13 @@ FORK_PRECISION = {"fp32": "highest"}
 
 def synk_child(args, n):
     """Median images/s of Synkhronos on ``n`` GPUs."""
+    t0 = time.perf_counter()
+    step, finish = synk_step(args, n)
+    return _time_steps(step, args.batch_size * n, args, "synk", n, t0, finish)
+
+
+def synk_step(args, n):
+    """Synkhronos's training step on ``n`` GPUs (returns the loss) and what ends the session."""
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "demos", "resnet"))
     import pytensor
     import pytensor.tensor as pt
@@ -77,11 +93,20 @@ def synk_child(args, n):
     loss = nnet.softmax_cross_entropy(logits(xs), ys)
     step = train.make_train_step([], loss, params, rule=updates.momentum, sliceable_shareds=[xs, ys],
                                  learning_rate=0.01, momentum=0.9)
-    t0 = time.perf_counter()
     synk.distribute()
     synk.scatter([xs, ys], [rng.standard_normal((b * n, 3, size, size)).astype(fx),
                             np.eye(args.classes, dtype=fx)[rng.integers(0, args.classes, b * n)]])
-    return _time_steps(lambda: float(step()), b * n, args, "synk", n, t0, synk.close)
+    return (lambda: float(step())), synk.close
+
+
+def flax_child(args, n):
+    """Median images/s of the Flax model on ``n`` GPUs."""
+    from _flax_resnet import flax_step
+
+    t0 = time.perf_counter()
+    step, _ = flax_step([int(b) for b in args.blocks.split(",")], args.classes, args.batch_size,
+                        args.image_size, args.precision, n)
+    return _time_steps(step, args.batch_size * n, args, "flax", n, t0, lambda: None)
 
 
 def ddp_child(args, n):
@@ -198,7 +223,8 @@ def parse_args(argv=None):
                         "precision (PyTorch: autocast + channels_last)")
     p.add_argument("--layout", choices=("NCHW", "NHWC"), default="NCHW",
                    help="layout Synkhronos's JAX convolutions hand to XLA (SYNKHRONOS_CONV_LAYOUT)")
-    p.add_argument("--skip-ddp", action="store_true", help="Synkhronos only")
+    p.add_argument("--peers", default="ddp,flax",
+                   help="comma-separated sides beside Synkhronos: ddp (PyTorch), flax; '' for none")
     p.add_argument("--mpi", action="store_true",
                    help="also run Synkhronos under mpirun, every rank its own host "
                         "(SYNKHRONOS_HOST_PER_RANK)")
@@ -210,7 +236,8 @@ def parse_args(argv=None):
 
 def make_payload(info, args, ns, results):
     """The JSON results file's contents from each setting's ``child_result``
-    (``results[(kind, n)]``, kind "synk" or "ddp"; None where a run failed)."""
+    (``results[(kind, n)]``, kind "synk", "ddp", "flax" or "synk_mpi"; None where a
+    run failed)."""
 
     def rate(kind, n):
         r = results.get((kind, n))
@@ -223,10 +250,13 @@ def make_payload(info, args, ns, results):
 
     records = []
     for n in ns:
-        s, d = rate("synk", n), rate("ddp", n)
-        rec = dict(gpus=n, synk_images_per_s=s, ddp_images_per_s=d, synk_efficiency=efficiency("synk", n),
-                   ddp_efficiency=efficiency("ddp", n), synk_over_ddp=None if s is None or not d else s / d,
-                   synk=results.get(("synk", n)), ddp=results.get(("ddp", n)))
+        s, d, f = rate("synk", n), rate("ddp", n), rate("flax", n)
+        rec = dict(gpus=n, synk_images_per_s=s, ddp_images_per_s=d, flax_images_per_s=f,
+                   synk_efficiency=efficiency("synk", n), ddp_efficiency=efficiency("ddp", n),
+                   flax_efficiency=efficiency("flax", n),
+                   synk_over_ddp=None if s is None or not d else s / d,
+                   synk_over_flax=None if s is None or not f else s / f,
+                   synk=results.get(("synk", n)), ddp=results.get(("ddp", n)), flax=results.get(("flax", n)))
         if ("synk_mpi", n) in results:
             m = rate("synk_mpi", n)
             rec.update(synk_mpi_images_per_s=m, synk_mpi_efficiency=efficiency("synk_mpi", n),
@@ -238,9 +268,13 @@ def make_payload(info, args, ns, results):
 
 def main(argv=None):
     args = parse_args(argv)
+    unknown = sorted(set(p for p in args.peers.split(",") if p) - set(PEERS))
+    if unknown:
+        raise SystemExit("--peers: unknown side(s) %s; choose from %s"
+                         % (", ".join(unknown), ", ".join(PEERS)))
     if args.child is not None:
         kind, n = args.child.split(":")
-        fn = synk_child if kind == "synk" else ddp_child
+        fn = {"synk": synk_child, "ddp": ddp_child, "flax": flax_child}[kind]
         print("RESULT " + json.dumps(fn(args, int(n))), flush=True)
         return None
     import synkhronos as synk
@@ -254,31 +288,33 @@ def main(argv=None):
     info["gpu_name"] = gpu_name()
     print_machine(info)
     passed = list(argv if argv is not None else sys.argv[1:])
+    peers = tuple(p for p in args.peers.split(",") if p)
     results = {}
     for n in ns:
         # One MPI rank has no other host to reach: its figure would be the single-host one.
         mpi = ("synk_mpi",) if args.mpi and n > 1 else ()
-        for kind in ("synk",) + mpi + (() if args.skip_ddp else ("ddp",)):
+        for kind in ("synk",) + mpi + peers:
             results[(kind, n)] = _run_child(kind, n, passed, args.timeout)
     payload = make_payload(info, args, ns, results)
     records = payload["results"]
-    rows = [[r["gpus"]] + ["-" if v is None else fmt % v for v, fmt in
-                           ((r["synk_images_per_s"], "%.0f"), (r["synk_efficiency"], "%.3f"),
-                            (r["ddp_images_per_s"], "%.0f"), (r["ddp_efficiency"], "%.3f"),
-                            (r["synk_over_ddp"], "%.2f"))] for r in records]
+    cols = [("synk_images_per_s", "%.0f"), ("synk_efficiency", "%.3f"), ("ddp_images_per_s", "%.0f"),
+            ("ddp_efficiency", "%.3f"), ("flax_images_per_s", "%.0f"), ("flax_efficiency", "%.3f"),
+            ("synk_over_ddp", "%.2f"), ("synk_over_flax", "%.2f")]
+    rows = [[r["gpus"]] + ["-" if r[k] is None else fmt % r[k] for k, fmt in cols] for r in records]
     print("\nResNet (blocks %s), fp32 parameters, batch %d per GPU, %d px: images/s (median of %d steps)"
           % (args.blocks, args.batch_size, args.image_size, args.steps))
-    print("precision of products and convolutions: synk %s; PyTorch %s"
-          % (PRECISION_LABELS[args.precision][0], PRECISION_LABELS[args.precision][1]))
+    print("precision: synk %s; PyTorch %s; Flax %s" % PRECISION_LABELS[args.precision])
     print("synk convolution layout handed to XLA: %s" % args.layout)
-    print(table(["GPUs", "synk img/s", "synk efficiency", "DDP img/s", "DDP efficiency", "synk/DDP"], rows))
+    print(table(["GPUs", "synk img/s", "synk eff.", "DDP img/s", "DDP eff.", "Flax img/s", "Flax eff.",
+                 "synk/DDP", "synk/Flax"], rows))
     if args.mpi:
         cols = (("synk_mpi_images_per_s", "%.0f"), ("synk_mpi_efficiency", "%.3f"),
                 ("synk_mpi_over_synk", "%.3f"))
         rows = [[r["gpus"]] + ["-" if r.get(k) is None else fmt % r[k] for k, fmt in cols] for r in records]
         print("\nSynkhronos under mpirun, every rank its own host (Data copies, commands over TCP, NCCL):")
         print(table(["GPUs", "mpirun img/s", "mpirun efficiency", "mpirun / single-host"], rows))
-    print("targets: synk efficiency >= 0.97 at 2 GPUs; synk/DDP >= 0.9 on 1 GPU")
+    print("targets: synk efficiency >= 0.97 at 2 GPUs; on 1 GPU synk/DDP >= 0.9, synk/Flax >= 1.0 "
+          "(bf16, batch 256: >= 1.05)")
     write_results(args.out or default_out(__file__), payload)
     return records
 

@@ -28,7 +28,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # (width, height) in pixels of each benchmark's picture.
 PIXELS = {"bf16_loss_curve": (1200, 500), "call_overhead": (1500, 500), "collectives": (1300, 550),
           "cpu_backends": (1300, 500), "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500),
-          "mpi_collectives": (1500, 500), "resnet50_scaling": (1200, 500), "soak": (1200, 500)}
+          "mpi_collectives": (1500, 500), "resnet50_profile": (1300, 500), "resnet50_scaling": (1200, 500),
+          "soak": (1200, 500)}
 ENV = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
 
 
@@ -169,23 +170,47 @@ def _gpu_scaling_payload():
     return mod.make_payload(_machine(gpus=8), args, results, counts)
 
 
-def _resnet_payload(ddp_fails_at=None):
+def _resnet_payload(ddp_fails_at=None, ns=(1, 2, 4, 8)):
     mod = _script("resnet50_scaling")
     args = mod.parse_args([])
-    ns = [1, 2, 4, 8]
+    ns = list(ns)
     results = {}
     for n in ns:
         results[("synk", n)] = mod.child_result([1000.0 * n * 0.985 ** (n - 1)] * 5, 40.0, 6.9)
         results[("ddp", n)] = (None if n == ddp_fails_at
                                else mod.child_result([1060.0 * n * 0.975 ** (n - 1)] * 5, 20.0, 6.9))
+        results[("flax", n)] = mod.child_result([800.0 * n * 0.99 ** (n - 1)] * 5, 30.0, 6.9)
         if n > 1:  # --mpi runs from 2 ranks
             results[("synk_mpi", n)] = mod.child_result([990.0 * n * 0.985 ** (n - 1)] * 5, 45.0, 6.9)
     payload = mod.make_payload(_machine(gpus=8), args, ns, results)
+    assert np.isclose(payload["results"][0]["synk_over_flax"], 1.25)
+    if len(ns) < 3:
+        return payload
     rec = payload["results"][2]  # 4 GPUs: --mpi's run against the single-host one
     assert np.isclose(rec["synk_mpi_over_synk"], 0.99)
     # Relative to the single-host 1-GPU figure.
     assert np.isclose(rec["synk_mpi_efficiency"], 0.99 * 0.985 ** 3)
     return payload
+
+
+def _resnet_profile_payload():
+    mod = _script("resnet50_profile")
+    args = mod.parse_args([])
+    names = ["sm90_xmma_fprop_implicit_gemm_bf16", "input_reduce_fusion.3", "loop_add_fusion",
+             "loop_transpose_fusion", "input_scatter_fusion", "nvjet_hsh_gemm", "memset32"]
+    results = {}
+    for side, scale in (("synk", 1.2), ("flax", 1.0)):
+        kernels = [(name, 1000.0 * scale * (i + 1)) for i, name in enumerate(names) for _ in range(3)]
+        res = mod.summarize(kernels, steps=3)
+        res.update(wall_ms_per_step=res["gpu_ms_per_step"] + 2.0, setup_s=30.0,
+                   images_per_s=256 / res["gpu_ms_per_step"] * 1e3)
+        results[side] = res
+    assert set(results["flax"]["ms_per_step"]) == {
+        "convolutions", "reduction fusions", "elementwise fusions", "layout (transposes, copies)", "pooling",
+        "matrix products", "memset"}
+    assert np.isclose(results["flax"]["gpu_ms_per_step"], 28.0)
+    return {"benchmark": "resnet50_profile", "machine": _machine(gpus=1), "args": vars(args),
+            "results": results}
 
 
 def _call_overhead_gpu_payload():
@@ -222,6 +247,7 @@ GPU_PAYLOADS = {
     "collectives": _collectives_payload,
     "gpu_scaling": _gpu_scaling_payload,
     "resnet50_scaling": _resnet_payload,
+    "resnet50_profile": _resnet_profile_payload,
     "call_overhead": _call_overhead_gpu_payload,
 }
 
@@ -242,6 +268,21 @@ def test_resnet_failed_run_still_draws(tmp_path):
     path = str(tmp_path / "resnet50_scaling.json")
     png = _plots.write_plot(path, _resnet_payload(ddp_fails_at=4), required=True)
     _check_png(png, "resnet50_scaling")
+
+
+@pytest.mark.parametrize("ddp_fails", [False, True])
+def test_resnet_one_gpu_draws_bars(tmp_path, ddp_fails):
+    path = str(tmp_path / "resnet50_scaling.json")
+    png = _plots.write_plot(path, _resnet_payload(ddp_fails_at=1 if ddp_fails else None, ns=[1]),
+                            required=True)
+    _check_png(png, "resnet50_scaling")
+
+
+def test_resnet_unknown_peer_is_named():
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "resnet50_scaling.py"), "--peers", "ddp,jaxx"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "--peers: unknown side(s) jaxx; choose from ddp, flax" in proc.stderr
 
 
 def test_plot_cli_redraws_gpu_json(tmp_path):

@@ -195,6 +195,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    unknown = sorted(set(args.sides.split(",")) - set(SIDES))
+    if unknown:
+        raise SystemExit("--sides: unknown side(s) %s; choose from %s"
+                         % (", ".join(unknown), ", ".join(SIDES)))
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return None

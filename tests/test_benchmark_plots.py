@@ -278,6 +278,14 @@ def test_resnet_one_gpu_draws_bars(tmp_path, ddp_fails):
     _check_png(png, "resnet50_scaling")
 
 
+def test_profile_unknown_side_is_named():
+    script = os.path.join(BENCH, "resnet50_profile.py")
+    proc = subprocess.run([sys.executable, script, "--sides", "synk,torch"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert "--sides: unknown side(s) torch; choose from synk, flax" in proc.stderr
+
+
 def test_resnet_unknown_peer_is_named():
     proc = subprocess.run([sys.executable, os.path.join(BENCH, "resnet50_scaling.py"), "--peers", "ddp,jaxx"],
                           capture_output=True, text=True, timeout=120)

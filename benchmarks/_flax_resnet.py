@@ -18,6 +18,8 @@ inserts the gradient all-reduce (batch statistics are then the whole batch's).
 
 import functools
 
+from _common import _version
+
 __all__ = ["flax_step"]
 
 JAX_PRECISION = {"highest": "highest", "fp32": "highest", "tf32": "tensorfloat32", "bf16": None}
@@ -108,10 +110,3 @@ def flax_step(blocks, classes, batch, image_size, precision, n=1, seed=0):
         return float(loss)
 
     return step, "Flax %s, jax %s" % (_version("flax"), jax.__version__)
-
-
-def _version(name):
-    try:
-        return __import__(name).__version__
-    except Exception:  # not installed or broken
-        return None

@@ -93,10 +93,7 @@ def _resnet_bars(axes, rec, sides, prec):
     ax, ax_ratio = axes
     rates = [rec[key + "_images_per_s"] for key, *_ in sides]
     bars = ax.bar([label for _, label, _, _ in sides], _nan(rates), color=[c for _, _, c, _ in sides])
-    for bar, v in zip(bars, rates):
-        if v is not None:
-            ax.annotate("%.0f" % v, (bar.get_x() + bar.get_width() / 2, v), textcoords="offset points",
-                        xytext=(0, 3), ha="center", fontsize=9)
+    _label_bars(ax, bars, rates, "%.0f")
     _headroom(ax, [v for v in rates if v is not None], 1.15)
     _thousands(ax)
     _style(ax, "", "training throughput (images/s)", "Throughput on %d GPU(s), %s" % (rec["gpus"], prec),
@@ -105,13 +102,18 @@ def _resnet_bars(axes, rec, sides, prec):
     ratios = [rec.get("synk_over_" + key) for key, _, _ in peers]
     bars = ax_ratio.bar(["Synkhronos / " + label for _, label, _ in peers], _nan(ratios),
                         color=[c for _, _, c in peers])
-    for bar, v in zip(bars, ratios):
-        if v is not None:
-            ax_ratio.annotate("%.2f" % v, (bar.get_x() + bar.get_width() / 2, v), textcoords="offset points",
-                              xytext=(0, 3), ha="center", fontsize=9)
+    _label_bars(ax_ratio, bars, ratios, "%.2f")
     ax_ratio.axhline(1.0, color="0.3", lw=1, ls="--", label="equal (1.0)")
     _headroom(ax_ratio, [v for v in ratios if v is not None] + [1.0], 1.2)
     _style(ax_ratio, "", "ratio of images/s", "Synkhronos against each peer")
+
+
+def _label_bars(ax, bars, values, fmt):
+    """Each bar's value above it (none over a failed run's missing bar)."""
+    for bar, v in zip(bars, values):
+        if v is not None:
+            ax.annotate(fmt % v, (bar.get_x() + bar.get_width() / 2, v), textcoords="offset points",
+                        xytext=(0, 3), ha="center", fontsize=9)
 
 
 def _resnet_lines(axes, recs, sides, prec):

@@ -77,8 +77,9 @@ def summarize(kernels, steps):
     """Milliseconds per step by category and by kernel name (largest first)."""
     by_cat, by_name = {}, {}
     for name, us in kernels:
-        by_cat[category(name)] = by_cat.get(category(name), 0.0) + us / 1e3 / steps
         by_name[name] = by_name.get(name, 0.0) + us / 1e3 / steps
+    for name, ms in by_name.items():
+        by_cat[category(name)] = by_cat.get(category(name), 0.0) + ms
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1])
     return dict(ms_per_step=by_cat, gpu_ms_per_step=sum(by_cat.values()),
                 kernels_per_step=len(kernels) / steps,

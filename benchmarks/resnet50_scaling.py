@@ -268,7 +268,8 @@ def make_payload(info, args, ns, results):
 
 def main(argv=None):
     args = parse_args(argv)
-    unknown = sorted(set(p for p in args.peers.split(",") if p) - set(PEERS))
+    peers = tuple(p for p in args.peers.split(",") if p)
+    unknown = sorted(set(peers) - set(PEERS))
     if unknown:
         raise SystemExit("--peers: unknown side(s) %s; choose from %s"
                          % (", ".join(unknown), ", ".join(PEERS)))
@@ -288,7 +289,6 @@ def main(argv=None):
     info["gpu_name"] = gpu_name()
     print_machine(info)
     passed = list(argv if argv is not None else sys.argv[1:])
-    peers = tuple(p for p in args.peers.split(",") if p)
     results = {}
     for n in ns:
         # One MPI rank has no other host to reach: its figure would be the single-host one.

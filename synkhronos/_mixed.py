@@ -8,9 +8,9 @@ rewrites change how its values are computed and stored:
    ``synkhronos.extensions.nnet``, forward and both gradients) is wrapped in
    ``Bf16Op``: bfloat16 inputs, float32 accumulation, a bfloat16 result.
 2. **Activations** (``Bf16Activations``). A value stays bfloat16 between layers
-   where that is safe, by one rule: the float32 result of an elementwise op (or
-   of an op that says so, ``bf16_storage = True``) is stored in bfloat16 when at
-   least one input is and every input of the result's full size is. Inputs
+   where that is safe, by one rule: the float32 result of an elementwise op is
+   stored in bfloat16 when at least one input is and every input of the
+   result's full size is. Inputs
    broadcast against it (a batch-norm mean, a scale, a constant) do not count;
    they are float32 and the op computes in float32. Reshapes, dimension shuffles
    and slices keep their input's storage. Every other op reads a bfloat16 value
@@ -114,43 +114,37 @@ class Bf16Products(GraphRewriter):
 optdb.register("synk_bf16_rewrite", Bf16Products(), TAG, position=1.65)
 
 
-class Bf16Store(Op):
-    """Its input, stored in bfloat16 (JAX) or rounded to it (``perform``); the
-    variable stays float32 in the graph."""
+class _Storage(Op):
+    """A change of how a float32 variable's value is held; the variable and its
+    shape stay as they are."""
 
     __props__ = ()
 
     def make_node(self, x):
         return Apply(self, [x], [x.type()])
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [shapes[0]]
+
+    def __str__(self):
+        return type(self).__name__
+
+
+class Bf16Store(_Storage):
+    """Its input, stored in bfloat16 (JAX) or rounded to it (``perform``)."""
 
     def perform(self, node, inputs, outputs):
         outputs[0][0] = round_to_bf16(inputs[0])
 
-    def infer_shape(self, fgraph, node, shapes):
-        return [shapes[0]]
 
-    def __str__(self):
-        return "Bf16Store"
-
-
-class Bf16Load(Op):
+class Bf16Load(_Storage):
     """A value stored in bfloat16, read as float32 (JAX: a cast; ``perform``: the
     rounded float32 array as it is)."""
 
-    __props__ = ()
     view_map = {0: [0]}
-
-    def make_node(self, x):
-        return Apply(self, [x], [x.type()])
 
     def perform(self, node, inputs, outputs):
         outputs[0][0] = inputs[0]
-
-    def infer_shape(self, fgraph, node, shapes):
-        return [shapes[0]]
-
-    def __str__(self):
-        return "Bf16Load"
 
 
 _KEEP_STORAGE = (DimShuffle, Reshape, SpecifyShape, Subtensor)  # values unchanged, rearranged
@@ -162,9 +156,9 @@ def _full_size(var, out):
 
 
 def _stores_result(node, stored):
-    """The rule of ``Bf16Activations`` for one node: an elementwise (or
-    ``bf16_storage``) node whose float32 results are stored in bfloat16."""
-    if not (isinstance(node.op, Elemwise) or getattr(node.op, "bf16_storage", False) is True):
+    """The rule of ``Bf16Activations`` for one node: an elementwise node whose
+    float32 results are stored in bfloat16."""
+    if not isinstance(node.op, Elemwise):
         return False
     outs = [v for v in node.outputs if v.dtype == "float32"]
     floats = [v for v in node.inputs if getattr(v, "dtype", "").startswith("float")]

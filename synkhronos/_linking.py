@@ -18,10 +18,14 @@ logger = logging.getLogger("synkhronos")
 
 
 def device_kwargs(device, kwargs):
-    """``pytensor.function``'s keyword arguments for ``device``: its mode, the
-    bf16 rewrite under ``fork(precision="bf16")`` (see ``_mixed``), and in JAX
+    """``pytensor.function``'s keyword arguments for ``device``: its mode with
+    the rewrite that takes a maximum's gradient from its operands (``_max_gradient``),
+    the bf16 rewrite under ``fork(precision="bf16")`` (see ``_mixed``), and in JAX
     mode the rewrite that keeps shapes computed from shapes concrete."""
+    from ._max_gradient import max_gradient_mode
+
     kwargs = device.function_kwargs(kwargs)
+    kwargs["mode"] = max_gradient_mode(kwargs.get("mode"))
     if device.precision == "bf16":
         from ._mixed import bf16_mode
 

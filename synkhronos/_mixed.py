@@ -8,14 +8,15 @@ rewrites change how its values are computed and stored:
    ``synkhronos.extensions.nnet``, forward and both gradients) is wrapped in
    ``Bf16Op``: bfloat16 inputs, float32 accumulation, a bfloat16 result.
 2. **Activations** (``Bf16Activations``). A value stays bfloat16 between layers
-   where that is safe, by one rule: the float32 result of an elementwise op is
-   stored in bfloat16 when at least one input is and every input of the
-   result's full size is. Inputs
+   where that is safe, by one rule: the float32 result of an elementwise op (or
+   of an op that declares ``bf16_storage = True``: the poolings of
+   ``synkhronos.extensions.nnet``, forward and gradient) is stored in bfloat16
+   when at least one input is and every input of the result's full size is. Inputs
    broadcast against it (a batch-norm mean, a scale, a constant) do not count;
    they are float32 and the op computes in float32. Reshapes, dimension shuffles
    and slices keep their input's storage. Every other op reads a bfloat16 value
    as float32 (``Bf16Load``): reductions (batch-norm statistics, the loss's
-   sums), softmax, pooling, joins, comparisons, and any op that mixes in a full-
+   sums), softmax, joins, comparisons, and any op that mixes in a full-
    size float32 value, such as a parameter's update. So products' and
    convolutions' outputs, normalization, ReLU and residual adds, and their
    gradients, are bfloat16 in memory; statistics, the loss, parameters, their
@@ -25,6 +26,10 @@ rewrites change how its values are computed and stored:
 That is what mixed-precision training in JAX does (a Flax model with
 ``dtype=bfloat16`` and float32 parameters), so XLA reads and writes half the
 bytes of float32 in the memory-bound part of a step.
+
+A stored add of three or more terms becomes a chain of two-term adds, each
+stored by the rule: PyTensor's JAX backend sums many terms over a stack in
+float32, for which XLA kept a float32 copy of ResNet's residual sums.
 
 On GPU ranks, and wherever a function compiles with JAX, the ops' JAX
 implementations cast: ``Bf16Op`` to ``jnp.bfloat16`` around the wrapped op's own,
@@ -47,6 +52,7 @@ from pytensor.compile.mode import Mode, get_mode
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import GraphRewriter
+from pytensor.scalar import Add
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
 from pytensor.tensor.shape import Reshape, SpecifyShape
@@ -139,9 +145,14 @@ class Bf16Store(_Storage):
 
 class Bf16Load(_Storage):
     """A value stored in bfloat16, read as float32 (JAX: a cast; ``perform``: the
-    rounded float32 array as it is)."""
+    rounded float32 array as it is).  ``exact``: for comparisons, which must see
+    the stored value even where XLA kept more precision inside a fusion."""
 
+    __props__ = ("exact",)
     view_map = {0: [0]}
+
+    def __init__(self, exact=False):
+        self.exact = bool(exact)
 
     def perform(self, node, inputs, outputs):
         outputs[0][0] = inputs[0]
@@ -156,9 +167,11 @@ def _full_size(var, out):
 
 
 def _stores_result(node, stored):
-    """The rule of ``Bf16Activations`` for one node: an elementwise node whose
-    float32 results are stored in bfloat16."""
-    if not isinstance(node.op, Elemwise):
+    """The rule of ``Bf16Activations`` for one node: an elementwise (or
+    ``bf16_storage``) node whose float32 results are stored in bfloat16.  Such an
+    op takes its stored inputs in bfloat16; its JAX implementation computes from
+    them in float32, as the emulation does."""
+    if not (isinstance(node.op, Elemwise) or getattr(node.op, "bf16_storage", False) is True):
         return False
     outs = [v for v in node.outputs if v.dtype == "float32"]
     floats = [v for v in node.inputs if getattr(v, "dtype", "").startswith("float")]
@@ -184,7 +197,10 @@ class Bf16Activations(GraphRewriter):
                 stored.update(node.outputs)
                 readers.add(node)
             elif _stores_result(node, stored):
-                readers.add(_store(fgraph, node, stored))
+                if _is_sum_of_many(node):
+                    readers.update(_split_sum(fgraph, node, stored))
+                else:
+                    readers.add(_store(fgraph, node, stored))
         for var in stored:
             _load_elsewhere(fgraph, var, readers)
 
@@ -202,16 +218,49 @@ def _store(fgraph, node, stored):
     return new
 
 
+def _is_sum_of_many(node):
+    """An add of three or more terms: PyTensor's JAX backend sums those over a
+    stack, in float32, which leaves XLA a float32 copy of a stored value."""
+    return isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, Add) and len(node.inputs) > 2
+
+
+def _split_sum(fgraph, node, stored):
+    """``node`` (see ``_is_sum_of_many``) as a chain of two-term adds, stored
+    bfloat16 first, each stored by the rule; returns the new nodes that read
+    bfloat16 values as they are."""
+    out = node.outputs[0]
+    terms = sorted(node.inputs, key=lambda v: not (v in stored and _full_size(v, out)))
+    total, readers = terms[0], []
+    for term in terms[1:]:
+        step = node.op.make_node(total, term)
+        total = step.outputs[0]
+        if _stores_result(step, stored):
+            total = Bf16Store()(total)
+            stored.add(total)
+            readers.append(step)
+    fgraph.replace(out, total, reason="synk_bf16_activations")
+    return readers
+
+
 def _load_elsewhere(fgraph, var, readers):
     """Readers of ``var`` that do not take bfloat16 (any node not in ``readers``,
     and the function's outputs) get it through one ``Bf16Load``."""
     if var not in fgraph.variables:
         return
     others = [(client, i) for client, i in fgraph.clients[var] if client not in readers]
-    if others:
-        load = Bf16Load()(var)
-        for client, i in others:
-            fgraph.change_node_input(client, i, load, reason="synk_bf16_activations")
+    loads = {}
+    for client, i in others:
+        exact = _compares(client)
+        if exact not in loads:
+            loads[exact] = Bf16Load(exact)(var)
+        fgraph.change_node_input(client, i, loads[exact], reason="synk_bf16_activations")
+
+
+def _compares(client):
+    """Whether ``client`` (a node, or "output") is a comparison: an elementwise
+    node with boolean results only."""
+    return (getattr(client, "op", None) is not None and isinstance(client.op, Elemwise)
+            and all(v.dtype == "bool" for v in client.outputs))
 
 
 # After every algebraic rewrite, before elementwise fusion (48-49) merges the ops whose
@@ -249,8 +298,17 @@ def _register_jax():
 
     @jax_funcify.register(Bf16Load)
     def _jax_load(op, node, **kwargs):
+        import jax
+
         dtype = node.outputs[0].dtype
-        return lambda x: x.astype(dtype)
+
+        def exact_load(x):
+            # XLA may drop a float32 -> bfloat16 -> float32 pair of casts inside a fusion
+            # (excess precision); reduce_precision keeps the rounding, so that a comparison
+            # (say a == b, both stored) sees the stored values on both sides.
+            return jax.lax.reduce_precision(x.astype(dtype), exponent_bits=8, mantissa_bits=7)
+
+        return exact_load if op.exact else (lambda x: x.astype(dtype))
 
 
 def _jax_dtype(dtype):

@@ -219,3 +219,78 @@ def test_parameters_keep_float32_through_a_bf16_update():
     moved = w1 != w0
     assert moved.mean() > 0.9  # each weight moved by less than half its bfloat16 step
     assert not np.array_equal(w1, round_to_bf16(w1))
+
+
+def _pooling_graph(rng):
+    """relu(conv(x)) max-pooled (3x3, stride 2: overlapping windows) and
+    average-pooled, a loss of both, and its gradient with respect to x."""
+    x = pt.tensor4("x")
+    w = pytensor.shared(rng.standard_normal((4, 2, 3, 3)).astype("float32"), name="w", shape=(4, 2, 3, 3))
+    h = pt.maximum(nnet.conv2d(x, w, padding=1), 0)
+    p, a = nnet.max_pool2d(h, 3, stride=2, padding=1), nnet.avg_pool2d(h, 2)
+    loss = (p * p).sum() + (a * a).sum()
+    return x, [p, a, pytensor.grad(loss, x)]
+
+
+def test_poolings_keep_bf16_storage_and_match_the_emulation():
+    """Poolings (``bf16_storage``) read and write bfloat16 like elementwise ops;
+    JAX sums their gradients in float32 as the emulation does."""
+    pytest.importorskip("jax")
+    from synkhronos._mixed import Bf16Store, bf16_mode
+
+    rng = np.random.default_rng(9)
+    x, outs = _pooling_graph(rng)
+    em = pytensor.function([x], outs, mode=_emulated())
+    stored = {type(n.inputs[0].owner.op).__name__ for n in em.maker.fgraph.apply_nodes
+              if isinstance(n.op, Bf16Store) and n.inputs[0].owner is not None}
+    assert {"Pool2d", "Pool2dGrad"} <= stored
+    f = pytensor.function([x], outs, mode=bf16_mode("JAX"))
+    xv = rng.standard_normal((3, 2, 9, 9)).astype("float32")
+    for g, e in zip(f(xv), em(xv)):
+        g = np.asarray(g)
+        assert g.dtype == np.float32
+        np.testing.assert_array_equal(round_to_bf16(e), e)  # outputs: stored values, loaded
+        assert np.all(np.abs(g - e) <= 2 * BF16_ULP * np.abs(e) + 1e-5)
+
+
+def test_comparisons_of_stored_values_see_them_stored_under_jax():
+    """PyTensor's ReLU gradient is eq(maximum(c, 0), c) * g.  XLA on a CPU keeps a
+    convolution's result in float32 inside a fusion; the comparison must still see
+    both sides as stored, or the gradient is zero almost everywhere."""
+    pytest.importorskip("jax")
+    from synkhronos._mixed import bf16_mode
+
+    rng = np.random.default_rng(10)
+    x = pt.tensor4("x")
+    w = pytensor.shared(rng.standard_normal((4, 2, 3, 3)).astype("float32"), name="w", shape=(4, 2, 3, 3))
+    c = nnet.conv2d(x, w, padding=1)
+    grad = pytensor.grad((pt.maximum(c, 0) ** 2).sum(), c)
+    xv = rng.standard_normal((3, 2, 9, 9)).astype("float32")
+    got = np.asarray(pytensor.function([x], grad, mode=bf16_mode("JAX"))(xv))
+    want = pytensor.function([x], grad, mode=_emulated())(xv)
+    np.testing.assert_array_equal(got != 0, want != 0)
+    assert np.all(np.abs(got - want) <= 2 * BF16_ULP * np.abs(want) + 1e-5)
+
+
+def test_a_stored_sum_of_three_terms_is_two_stored_adds():
+    """Three stored terms are added two at a time, each sum stored: no add of three
+    inputs is left, and the result is the numpy model's."""
+    from pytensor.compile.mode import Mode
+    from pytensor.scalar import Add
+    from pytensor.tensor.elemwise import Elemwise
+
+    from synkhronos._mixed import bf16_mode
+
+    rng = np.random.default_rng(11)
+    x = pt.matrix("x")
+    ws = [pytensor.shared(rng.standard_normal((8, 4)).astype("float32"), name="w%d" % i) for i in range(3)]
+    total = x.dot(ws[0]) + x.dot(ws[1]) + x.dot(ws[2])
+    unfused = bf16_mode(Mode(linker="py", optimizer="fast_run")).excluding("fusion")
+    f = pytensor.function([x], total, mode=unfused)
+    adds = [len(n.inputs) for n in f.maker.fgraph.apply_nodes
+            if isinstance(n.op, Elemwise) and isinstance(n.op.scalar_op, Add)]
+    assert adds == [2, 2]
+    xv = rng.standard_normal((6, 8)).astype("float32")
+    r = round_to_bf16
+    p = [r(r(xv) @ r(w.get_value())) for w in ws]
+    np.testing.assert_array_equal(f(xv), r(r(p[0] + p[1]) + p[2]))

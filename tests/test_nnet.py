@@ -182,6 +182,27 @@ def test_jax_channels_last_layout_matches_numpy(monkeypatch):
         _cnn_results("JAX", xv.astype("float32"), w1.astype("float32"), w2.astype("float32"))
 
 
+@pytest.mark.skipif(not HAS_JAX, reason="JAX not installed")
+@pytest.mark.parametrize("size,stride,pad", [(3, 2, 1), (2, None, 0), ((3, 2), (1, 2), (1, 0)), (3, 1, 1),
+                                             ((1, 3), (2, 1), (0, 1))])
+def test_jax_max_pool_gradient_routes_ties_like_numpy(size, stride, pad):
+    """JAX's max-pooling gradient (a gather) gives each window's cotangent to its
+    first maximum, as the numpy kernel does: inputs with many ties (small integers,
+    and all zeros), overlapping and non-overlapping windows, padding."""
+    rng = np.random.default_rng(8)
+    x, c = pt.tensor4("x", dtype="float32"), pt.tensor4("c", dtype="float32")
+    y = max_pool2d(x, size, stride, pad)
+    grad = pytensor.grad((y * c).sum(), x)
+    fs = [pytensor.function([x, c], [y, grad], mode=m) for m in ("FAST_COMPILE", "JAX")]
+    for xv in (np.round(rng.standard_normal((2, 3, 9, 8)) * 2), np.zeros((2, 3, 9, 8))):
+        xv = xv.astype("float32")
+        cv = rng.standard_normal(fs[0](xv, np.zeros((1, 1, 1, 1), "float32"))[0].shape).astype("float32")
+        (want_y, want_g), (got_y, got_g) = [f(xv, cv) for f in fs]
+        np.testing.assert_array_equal(np.asarray(got_y), want_y)
+        np.testing.assert_allclose(np.asarray(got_g), want_g, rtol=1e-6, atol=1e-6)
+        assert np.count_nonzero(want_g) <= cv.size  # each window's cotangent goes to one element
+
+
 def test_bad_arguments():
     x = pt.tensor4("x")
     with pytest.raises(TypeError, match="ndim=3"):

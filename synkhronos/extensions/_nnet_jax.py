@@ -1,6 +1,7 @@
 """JAX implementations of ``synkhronos.extensions.nnet``'s ops (GPU ranks,
 ``mode="JAX"``), and the layout their convolutions hand to XLA."""
 
+import functools
 import os
 
 __all__ = ["LAYOUT_ENV", "jax_conv_layout", "register"]
@@ -59,8 +60,9 @@ def register(Conv2d, Conv2dGradInput, Conv2dGradWeight, Pool2d, Pool2dGrad):
             # Literal identities select JAX's differentiable max/sum window reductions.
             if op.mode == "max":
                 return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, kh, kw), (1, 1, sh, sw), pads)
-            total = jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 1, kh, kw), (1, 1, sh, sw), pads)
-            return total / (kh * kw)
+            acc = _accumulator(x)
+            total = jax.lax.reduce_window(acc, 0.0, jax.lax.add, (1, 1, kh, kw), (1, 1, sh, sw), pads)
+            return (total / (kh * kw)).astype(x.dtype)
         return f
 
     @jax_funcify.register(Conv2d)
@@ -85,6 +87,51 @@ def register(Conv2d, Conv2dGradInput, Conv2dGradWeight, Pool2d, Pool2dGrad):
 
     @jax_funcify.register(Pool2dGrad)
     def _jax_pool2d_grad(op, **kwargs):
+        if op.mode == "max":
+            return functools.partial(_max_pool_grad, op)
         fwd = pool(op)
         return lambda x, gy: jax.vjp(fwd, x)[1](gy.astype(x.dtype))[0]
+
+
+def _max_pool_grad(op, x, gy):
+    """The gradient of a max pooling as a gather, not JAX's scatter: which window
+    position holds each window's first maximum (``argmax``, one pass over ``x``),
+    then each input element sums the cotangents of the windows whose maximum it is,
+    one shifted, stride-dilated copy of them per window position.  Both passes are
+    elementwise (no atomic adds), and their order of ties is ``nnet``'s own."""
+    import jax
+    import jax.numpy as jnp
+
+    (kh, kw), (sh, sw), (ph, pw) = op.ws, op.stride, op.padding
+    gy = gy.astype(x.dtype)
+    oh, ow = gy.shape[2], gy.shape[3]
+    xp = jax.lax.pad(x, jnp.array(-jnp.inf, x.dtype), ((0, 0, 0), (0, 0, 0), (ph, ph, 0), (pw, pw, 0)))
+    hp, wp = xp.shape[2], xp.shape[3]
+
+    def window_position(i, j):
+        return xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+
+    index = jnp.int8 if kh * kw <= 127 else jnp.int32
+    best, arg = window_position(0, 0), jnp.zeros(gy.shape, index)
+    for k in range(1, kh * kw):
+        patch = window_position(*divmod(k, kw))
+        better = patch > best
+        best, arg = jnp.where(better, patch, best), jnp.where(better, index(k), arg)
+    gy = _accumulator(gy)
+    zero = jnp.array(0, gy.dtype)
+    dxp = 0
+    for k in range(kh * kw):
+        i, j = divmod(k, kw)
+        routed = jnp.where(arg == k, gy, zero)
+        dxp = dxp + jax.lax.pad(routed, zero, ((0, 0, 0), (0, 0, 0), (i, hp - i - sh * (oh - 1) - 1, sh - 1),
+                                               (j, wp - j - sw * (ow - 1) - 1, sw - 1)))
+    return dxp[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]].astype(x.dtype)
+
+
+def _accumulator(x):
+    """``x`` in a dtype to sum in: float32 at least (bfloat16 storage under
+    ``fork(precision="bf16")`` sums in float32, as its emulation does)."""
+    import jax.numpy as jnp
+
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 

@@ -28,7 +28,7 @@ import functools
 
 import numpy as np
 from pytensor.compile import optdb
-from pytensor.compile.mode import Mode, get_mode
+from pytensor.compile.mode import get_mode
 from pytensor.graph.basic import Apply, Constant
 from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import GraphRewriter
@@ -170,5 +170,4 @@ _register_jax()
 
 def jax_mode(mode):
     """``mode`` (JAX) with the concrete-shape rewrite included."""
-    mode = get_mode(mode) if not isinstance(mode, Mode) else mode
-    return mode.including(TAG)
+    return get_mode(mode).including(TAG)  # get_mode returns a Mode as it is

@@ -11,6 +11,7 @@ default linker, with a log line naming the function and the Op.
 import logging
 
 from ._core import compile_function, is_jax_mode, links_with_jax
+from ._max_gradient import max_gradient_mode
 
 __all__ = ["compile_for_device", "device_kwargs"]
 
@@ -22,8 +23,6 @@ def device_kwargs(device, kwargs):
     the rewrite that takes a maximum's gradient from its operands (``_max_gradient``),
     the bf16 rewrite under ``fork(precision="bf16")`` (see ``_mixed``), and in JAX
     mode the rewrite that keeps shapes computed from shapes concrete."""
-    from ._max_gradient import max_gradient_mode
-
     kwargs = device.function_kwargs(kwargs)
     kwargs["mode"] = max_gradient_mode(kwargs.get("mode"))
     if device.precision == "bf16":

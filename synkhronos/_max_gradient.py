@@ -19,7 +19,7 @@ other PyTensor functions are unchanged.
 """
 
 from pytensor.compile import optdb
-from pytensor.compile.mode import Mode, get_mode
+from pytensor.compile.mode import get_mode
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.scalar import EQ, Maximum, Minimum
 from pytensor.tensor import math as ptm
@@ -63,5 +63,4 @@ optdb.register("synk_max_gradient_rewrite", in2out(operands_compared), TAG, posi
 
 def max_gradient_mode(mode):
     """``mode`` (a name, a Mode or None for PyTensor's default) with the rewrite included."""
-    mode = get_mode(mode) if not isinstance(mode, Mode) else mode
-    return mode.including(TAG)
+    return get_mode(mode).including(TAG)  # get_mode returns a Mode as it is

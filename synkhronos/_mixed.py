@@ -48,7 +48,7 @@ Synkhronos adds the rewrite (tag ``synk_bf16``) to its functions only when
 
 import numpy as np
 from pytensor.compile import optdb
-from pytensor.compile.mode import Mode, get_mode
+from pytensor.compile.mode import get_mode
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import GraphRewriter
@@ -259,7 +259,7 @@ def _load_elsewhere(fgraph, var, readers):
 def _compares(client):
     """Whether ``client`` (a node, or "output") is a comparison: an elementwise
     node with boolean results only."""
-    return (getattr(client, "op", None) is not None and isinstance(client.op, Elemwise)
+    return (isinstance(getattr(client, "op", None), Elemwise)
             and all(v.dtype == "bool" for v in client.outputs))
 
 
@@ -322,5 +322,4 @@ _register_jax()
 
 def bf16_mode(mode):
     """``mode`` (a name, a Mode or None for PyTensor's default) with the rewrite included."""
-    mode = get_mode(mode) if not isinstance(mode, Mode) else mode
-    return mode.including(TAG)
+    return get_mode(mode).including(TAG)  # get_mode returns a Mode as it is

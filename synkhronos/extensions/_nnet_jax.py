@@ -103,7 +103,7 @@ def _max_pool_grad(op, x, gy):
     import jax.numpy as jnp
 
     (kh, kw), (sh, sw), (ph, pw) = op.ws, op.stride, op.padding
-    gy = gy.astype(x.dtype)
+    gy = _accumulator(gy.astype(x.dtype))  # the cotangent in the output's dtype, summed in float32 at least
     oh, ow = gy.shape[2], gy.shape[3]
     xp = jax.lax.pad(x, jnp.array(-jnp.inf, x.dtype), ((0, 0, 0), (0, 0, 0), (ph, ph, 0), (pw, pw, 0)))
     hp, wp = xp.shape[2], xp.shape[3]
@@ -117,7 +117,6 @@ def _max_pool_grad(op, x, gy):
         patch = window_position(*divmod(k, kw))
         better = patch > best
         best, arg = jnp.where(better, patch, best), jnp.where(better, index(k), arg)
-    gy = _accumulator(gy)
     zero = jnp.array(0, gy.dtype)
     dxp = 0
     for k in range(kh * kw):

@@ -5,9 +5,11 @@ released and MPI is finalized (not after a failure: a dead rank would never
 join MPI's finalize)."""
 
 import atexit
+import functools
 import logging
 import math
 import numbers
+import threading
 import time
 
 from . import _mpi, _runtime
@@ -42,6 +44,22 @@ def _check_timeout(timeout):
     return float(timeout)
 
 
+_FORK_LOCK = threading.Lock()
+
+
+def _one_at_a_time(fn):
+    """Two threads forking at once: one starts the session, the other is told
+    it is already forked."""
+
+    @functools.wraps(fn)
+    def serialized(*args, **kwargs):
+        with _FORK_LOCK:
+            return fn(*args, **kwargs)
+
+    return serialized
+
+
+@_one_at_a_time
 def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
          max_n_var=1000, max_dim=16, precision="highest", timeout=DEFAULT_TIMEOUT, threads=None):
     """Start the worker processes.  Call before building Synkhronos functions.

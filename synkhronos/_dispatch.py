@@ -21,6 +21,15 @@ _DEATH_CHECK_S = 1.0  # while waiting for one worker, how often to check that no
 logger = logging.getLogger(__name__)
 
 
+def _take_all(queue):
+    """Empty ``queue`` (a deque that ``Data.__del__`` may append to from another
+    thread meanwhile) into a list: each popleft is atomic, so nothing is lost."""
+    items = []
+    while queue:
+        items.append(queue.popleft())
+    return items
+
+
 class _InterruptCloses:
     """A context in which Ctrl-C breaks the session: while the master talks to
     the workers, replies may still be in flight, so the channels cannot be
@@ -263,7 +272,7 @@ class Dispatcher:
         for r in ranks:
             w = self.workers[r]
             number, fields, _ = wire(message[r]) if per_rank else shared
-            drops, w.pending_drops = w.pending_drops, []
+            drops = _take_all(w.pending_drops)
             try:
                 w.channel.send((number, fields, drops))
             except OSError:

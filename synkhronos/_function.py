@@ -21,6 +21,7 @@ __all__ = ["function", "Function"]
 logger = logging.getLogger(__name__)
 
 
+@_runtime.action("synkhronos.function()")
 def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
              sliceable_shareds=None, **kwargs):
     """Build a Synkhronos function: a replacement for ``pytensor.function``.
@@ -149,6 +150,7 @@ class Function:
             if d._memory.array is None:
                 raise ValueError("input %d (%s) is a Data object with no memory allocated" % (i, var))
 
+    @_runtime.action("Function.build_inputs()")
     def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False, **kwargs):
         """Make ``Data`` objects for this function's inputs, given as if calling
         the PyTensor function.
@@ -237,6 +239,13 @@ class Function:
         error in it is raised by the next call, collective or ``synchronize()``
         that waits for the workers.
         """
+        own = self._rt
+        if own.foreign:
+            own.check_owner()
+        with own.lock:  # one call at a time, whichever thread calls (see _runtime.locked)
+            return self._call(args, kwargs, output_subset, batch, batch_s, num_slices)
+
+    def _call(self, args, kwargs, output_subset, batch, batch_s, num_slices):
         rt = _runtime.require(distributed=True)
         if rt is not self._rt:
             raise RuntimeError("this function belongs to a closed Synkhronos session; build "

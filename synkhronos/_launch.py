@@ -71,7 +71,7 @@ class WorkerHandle:
         self.process = process
         self.where = where
         self.channel = channel
-        self.pending_drops = []  # segments of collected Data, dropped with the next command
+        self.pending_drops = collections.deque()  # segments of collected Data, dropped with the next command
         self.owed = collections.deque()  # labels of posted commands whose replies are unread
         self.asked = None  # label of the round trip's command while its reply is unread
         self.since = 0.0  # when the master began waiting for its oldest unread reply

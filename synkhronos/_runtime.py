@@ -11,6 +11,10 @@ workers or change shared memory raises ``RuntimeError`` naming that rule, and
 nothing the child does, its exit included, reaches the owner's workers or
 segments.  ``close()`` in the child only lets go of its copy (``fork()`` may
 then start a session of the child's own).
+
+Threads: every public call holds the session's lock (``Runtime.lock``, see
+``locked``) from start to end, so calls from the threads of the owner run one at
+a time, each with its own inputs and results.
 """
 
 import contextlib
@@ -32,8 +36,9 @@ from ._precompile import compile_shares, graph_size, is_numba, precompile
 from ._protocol import CommInit, Distribute, spin_seconds
 from ._publish import HostPublisher
 from ._registry import Registry
+from ._service import Service
 
-__all__ = ["Runtime", "current", "require", "start", "shutdown", "action"]
+__all__ = ["Runtime", "current", "require", "start", "shutdown", "action", "locked"]
 
 _runtime = None
 
@@ -66,21 +71,38 @@ def require(distributed=None):
     return rt
 
 
+@contextlib.contextmanager
+def locked():
+    """Hold the live session's lock (none when there is no session, or in a
+    forked child, where the calls inside raise the rule).  A session that closed
+    and was replaced while this thread waited is not the one to hold."""
+    while True:
+        rt = _runtime
+        if rt is None or rt.foreign:
+            yield rt
+            return
+        with rt.lock:
+            if _runtime is rt:
+                yield rt
+                return
+
+
 def action(name):
-    """Decorator for a public call: while it runs, commands it sends are
-    described as ``name`` (in stall reports and errors of posted commands)."""
+    """Decorator for a public call: it runs holding the session's lock (see
+    ``locked``), and the commands it sends are described as ``name`` (in stall
+    reports and errors of posted commands)."""
 
     def decorate(fn):
         @functools.wraps(fn)
         def named(*args, **kwargs):
-            rt = _runtime
-            if rt is None or rt.dispatcher.action is not None:
-                return fn(*args, **kwargs)
-            rt.dispatcher.action = name
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                rt.dispatcher.action = None
+            with locked() as rt:
+                if rt is None or rt.foreign or rt.dispatcher.action is not None:
+                    return fn(*args, **kwargs)
+                rt.dispatcher.action = name
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    rt.dispatcher.action = None
 
         return named
 
@@ -100,11 +122,25 @@ def start(n_parallel, master_rank, device, profile_workers, timeout=None, cluste
 
 
 def shutdown():
-    """Close the live session, if any (idempotent)."""
+    """Close the live session, if any (idempotent).  A call under way in another
+    thread finishes first, unless it is still running after the session's
+    timeout: then the session is closed as failed under it."""
     global _runtime
-    rt, _runtime = _runtime, None
-    if rt is not None:
+    rt = _runtime
+    if rt is None:
+        return
+    if rt.foreign:
+        _runtime = None
         rt.close()
+        return
+    held = rt.lock.acquire(timeout=-1 if rt.timeout is None else rt.timeout + 10)
+    try:
+        if _runtime is rt:
+            _runtime = None
+        rt.close(failed=not held)
+    finally:
+        if held:
+            rt.lock.release()
 
 
 def _after_fork_in_child():
@@ -112,6 +148,7 @@ def _after_fork_in_child():
     process's to drive (see the module docstring)."""
     if _runtime is not None:
         _runtime.foreign = True
+        _runtime.lock = threading.RLock()  # another thread may have held it at the fork
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -158,6 +195,8 @@ class Runtime:
         self.failed = False  # closed after a failure (see ``close``)
         self.owner = os.getpid()  # the process that drives the session
         self.foreign = False  # True in a child forked from the owner (see the module docstring)
+        self.lock = threading.RLock()  # held by every public call (see ``locked``)
+        self.service = Service()  # evaluations for child processes (see ``_service``)
 
     # ------------------------------------------------------------- queries
     @property
@@ -278,8 +317,9 @@ class Runtime:
         return [[r for r in ranks if nodes[r] == node] for node in dict.fromkeys(nodes)]
 
     def _settle_if_open(self):
-        if not self.closed:
-            self.dispatcher.settle()
+        with self.lock:
+            if not self.closed:
+                self.dispatcher.settle()
 
     def fail(self):
         """Close after a failure that left the ranks out of step (see ``close``)."""
@@ -302,6 +342,7 @@ class Runtime:
             return
         t0 = time.monotonic()
         with _sigint_deferred():
+            self.service.close()
             _launch.stop(self.workers, failed)
             for data in self.registry.datas:
                 data._release()

@@ -16,20 +16,31 @@ One session (``Session``) serves every example: forking anew for each would
 spend the budget on start-up.  Each example begins by giving every variable a
 known value.  Run as a script for long runs (``python tests/_machine.py
 --help``); under ``mpirun`` every rank runs it and rank 0 drives.
+
+Threads (``run_threads``, ``--threads K``): K machines drive the one session at
+once, each from a thread of its own, against a reference of its own, on a Lane
+of its own (variables and functions no other lane touches), so each must get
+its own results however the threads' calls interleave.
 """
 
 import argparse
+import ast
 import collections
+import contextlib
 import os
+import sys
+import threading
 import time
+import traceback
 import warnings
 
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from _model import Freed, Reference, Refused, assert_matches
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 import synkhronos as synk
@@ -37,7 +48,7 @@ from synkhronos import _runtime
 from synkhronos._channel import SLOT_BYTES
 from synkhronos._exchange import INLINE_BYTES, MIN_SEGMENT
 
-__all__ = ["Session", "machine_for", "run", "STATS"]
+__all__ = ["Session", "Lane", "machine_for", "run", "run_threads", "STATS"]
 
 ALL_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
               "float16", "float32", "float64", "complex64", "complex128")
@@ -53,8 +64,15 @@ BANDS = ((0, 48), (0, 400), (SLOT_BYTES - 300, SLOT_BYTES + 300), (INLINE_BYTES 
          (MIN_SEGMENT - 3000, MIN_SEGMENT + 3000), (2 * MIN_SEGMENT, 3 * MIN_SEGMENT))
 OPS = ("avg", "sum", "prod", "max", "min")
 
-STATS = {"sequences": 0, "steps": 0}
+STATS = collections.Counter(sequences=0, steps=0)
 OUTCOMES = collections.Counter()  # (call, "done" or the exception it was refused with)
+_COUNTING = threading.Lock()  # machines in several threads count into STATS and OUTCOMES
+
+
+def _count(counter, key):
+    """``counter[key] += 1``, which is no single step: two threads may both read the old count."""
+    with _COUNTING:
+        counter[key] += 1
 
 
 def random_array(seed, dtype, shape):
@@ -78,19 +96,107 @@ def random_array(seed, dtype, shape):
     return values
 
 
-class Session:
-    """One Synkhronos session with variables of every dtype and the functions
-    the machine calls, kept (and restarted if a failure closed it) across
-    examples.  ``n`` ranks; ``use_gpu`` as for ``fork``."""
+def _session_wide(name, doc):
+    """A Lane's read-only view of its Session's ``name``."""
+    return property(lambda lane: getattr(lane.session, name), doc=doc)
 
-    def __init__(self, n, use_gpu=False):
+
+class Lane:
+    """One machine's part of a Session: shared variables of every dtype (named
+    with the suffix ``_L<index>``, none for lane 0) and the functions ``fx`` and
+    ``fs`` on them.  A machine reads everything through its lane, so machines of
+    different lanes can run in different threads at once without touching each
+    other's variables; what is per session (the ranks, the device) is the
+    Session's."""
+
+    n = _session_wide("n", "ranks")
+    master = _session_wide("master", "the master's rank")
+    gpu = _session_wide("gpu", "whether the ranks are GPUs")
+    mpi = _session_wide("mpi", "whether the session is an MPI launch")
+    dtypes = _session_wide("dtypes", "the dtypes the variables and drawn values take")
+    fdtype = _session_wide("fdtype", "the float dtype of the functions")
+    rt = _session_wide("rt", "the live session's runtime")
+
+    def __init__(self, session, index):
+        self.session, self.index = session, index
+        self.suffix = "_L%d" % index if index else ""
+        self.first_error = None  # (when, exception) of the first failing step (see run_threads)
+
+    @property
+    def closed_by(self):
+        return self.session.closed_by
+
+    @closed_by.setter
+    def closed_by(self, what):
+        self.session.closed_by = what
+
+    def device_refuses(self, dtype, op=None):
+        return self.session.device_refuses(dtype, op)
+
+    def failed(self, exc):
+        """Note ``exc``, a step's error, if it is this lane's first."""
+        if self.first_error is None:
+            self.first_error = (time.monotonic(), exc)
+
+    def build(self):
+        """Make this lane's variables and functions (before ``distribute``)."""
+        fd, sfx = self.fdtype, self.suffix
+        self.variables = [pytensor.shared(np.zeros((1, WIDTH), dt), name="m_" + dt + sfx)
+                          for dt in self.dtypes]
+        self.variables += [pytensor.shared(np.zeros(2, "float32"), name="v" + sfx),
+                           pytensor.shared(np.asarray(0, fd), name="s0" + sfx),
+                           pytensor.shared(np.asarray(0, "int32" if self.gpu else "int64"), name="i0" + sfx)]
+        acc = pytensor.shared(np.zeros(WIDTH, fd), shape=(WIDTH,), name="acc" + sfx)
+        mx = pytensor.shared(np.zeros(WIDTH, fd), shape=(WIDTH,), name="mx" + sfx)
+        sh = pytensor.shared(np.zeros((4, WIDTH), fd), name="sh" + sfx)
+        holds = list(self.variables)
+        self.variables += [acc, mx, sh]
+        self.acc, self.mx, self.sh = range(len(self.variables) - 3, len(self.variables))
+        x, b = pt.matrix("x", dtype=fd), pt.vector("b", dtype=fd)
+        outputs = [(x.sum(axis=0), "sum"), (x.max(), "max"), x.mean(), ((2 * x).sum(axis=1), None)]
+        self.fx = synk.function([x], outputs, bcast_inputs=[b], name="fx" + sfx,
+                                updates=[(acc, acc + (x * b).sum(axis=0), "sum"),
+                                         (mx, pt.maximum(mx, x.max(axis=0)), "max")])
+        self.fs = synk.function([], [(sh.sum(axis=0), "sum"), (sh.max(), "max"), sh.mean()],
+                                sliceable_shareds=[sh], name="fs" + sfx)
+        # A function on the other variables, so that distribute() gives every rank a copy of each.
+        synk.function([], [(pt.as_tensor(v).size, "sum") for v in holds], name="holds" + sfx)
+
+    def initial(self, k):
+        var = self.variables[k]
+        shape = (var.type.shape[0],) if k in (self.acc, self.mx) else (1, WIDTH)[:var.ndim]
+        if k == self.sh:
+            shape = (4, WIDTH)
+        return random_array(k, var.dtype, shape)
+
+    def reset(self):
+        """Every variable of this lane its initial value on every rank (nothing
+        else from the last example matters; other lanes' variables are left
+        alone, their machines may be running)."""
+        self.session.ensure()
+        synk.broadcast(self.variables, [self.initial(k) for k in range(len(self.variables))], nccl=False)
+
+
+class Session:
+    """One Synkhronos session with ``lanes`` independent Lanes (variables and
+    functions for one machine each, all made before one ``distribute``), kept
+    across examples, and restarted if a failure closed it, unless machines run
+    in threads (see ``ensure``).  ``n`` ranks; ``use_gpu`` as for ``fork``."""
+
+    def __init__(self, n, use_gpu=False, lanes=1):
         self.asked, self.use_gpu = n, use_gpu
+        self.lanes = [Lane(self, i) for i in range(lanes)]
         self.rt = None
         self.closed_by = None  # what closed the last session
+        self.concurrent = False  # machines run in threads (see run_threads): never restart
 
     def ensure(self):
-        if self.rt is not None and _runtime.current() is not self.rt and self.mpi:
-            raise RuntimeError("the session closed (%s), and an MPI launch has one" % self.closed_by)
+        """Start the session if there is none, or restart it if a failure closed
+        it; but a restart would only fail the machines of other threads (their
+        variables gone) or of other MPI ranks: then raise instead."""
+        if self.rt is not None and _runtime.current() is not self.rt and (self.mpi or self.concurrent):
+            raise RuntimeError("the session closed (%s), and %s" % (self.closed_by, (
+                "an MPI launch has one" if self.mpi else "machines in other threads use it")))
         if self.rt is None or _runtime.current() is not self.rt:
             self._start()
 
@@ -102,39 +208,10 @@ class Session:
         self.gpu = rt.device.name == "gpu"
         self.mpi = rt.cluster is not None
         self.dtypes = GPU_DTYPES if self.gpu else ALL_DTYPES
-        fd = self.fdtype = "float32" if self.gpu else "float64"
-        self.variables = [pytensor.shared(np.zeros((1, WIDTH), dt), name="m_" + dt) for dt in self.dtypes]
-        self.variables += [pytensor.shared(np.zeros(2, "float32"), name="v"),
-                           pytensor.shared(np.asarray(0, fd), name="s0"),
-                           pytensor.shared(np.asarray(0, "int32" if self.gpu else "int64"), name="i0")]
-        acc = pytensor.shared(np.zeros(WIDTH, fd), shape=(WIDTH,), name="acc")
-        mx = pytensor.shared(np.zeros(WIDTH, fd), shape=(WIDTH,), name="mx")
-        sh = pytensor.shared(np.zeros((4, WIDTH), fd), name="sh")
-        holds = list(self.variables)
-        self.variables += [acc, mx, sh]
-        self.acc, self.mx, self.sh = range(len(self.variables) - 3, len(self.variables))
-        x, b = pt.matrix("x", dtype=fd), pt.vector("b", dtype=fd)
-        outputs = [(x.sum(axis=0), "sum"), (x.max(), "max"), x.mean(), ((2 * x).sum(axis=1), None)]
-        self.fx = synk.function([x], outputs, bcast_inputs=[b], name="fx",
-                                updates=[(acc, acc + (x * b).sum(axis=0), "sum"),
-                                         (mx, pt.maximum(mx, x.max(axis=0)), "max")])
-        self.fs = synk.function([], [(sh.sum(axis=0), "sum"), (sh.max(), "max"), sh.mean()],
-                                sliceable_shareds=[sh], name="fs")
-        synk.function([], [(pt.as_tensor(v).size, "sum") for v in holds], name="holds")
+        self.fdtype = "float32" if self.gpu else "float64"
+        for lane in self.lanes:
+            lane.build()
         synk.distribute()
-
-    def initial(self, k):
-        var = self.variables[k]
-        shape = (var.type.shape[0],) if k in (self.acc, self.mx) else (1, WIDTH)[:var.ndim]
-        if k == self.sh:
-            shape = (4, WIDTH)
-        return random_array(k, var.dtype, shape)
-
-    def reset(self):
-        """Every variable its initial value on every rank (nothing else from the
-        last example matters)."""
-        self.ensure()
-        synk.broadcast(self.variables, [self.initial(k) for k in range(len(self.variables))], nccl=False)
 
     def device_refuses(self, dtype, op=None):
         """Whether this session's device collective (``nccl=True``) refuses
@@ -161,7 +238,7 @@ def _draw(data, strategy, label):
 class SessionMachine(RuleBasedStateMachine):
     """The public API against ``Reference`` (see the module docstring)."""
 
-    session = None  # set by machine_for
+    session = None  # the Lane it drives (set by machine_for)
 
     @initialize()
     def begin(self):
@@ -170,10 +247,14 @@ class SessionMachine(RuleBasedStateMachine):
         self.ref = Reference(s.n, s.master, s.variables, [s.initial(k) for k in range(len(s.variables))])
         self.pool = {}  # key -> Data, with its values in self.ref.datas[key]
         self.next_key = 0
-        STATS["sequences"] += 1
+        _count(STATS, "sequences")
 
     def teardown(self):
         self.pool = {}
+        # Hypothesis calls this in a finally clause: an error that ends the sequence is in flight.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, Exception) and not isinstance(exc, HypothesisException):
+            self.session.failed(exc)
 
     # ---------------------------------------------------------------- drawing
     def _shape(self, data, var_ndim, dtype, static=None):
@@ -269,21 +350,21 @@ class SessionMachine(RuleBasedStateMachine):
     def _expect(self, what, call, predict):
         """``(got, want)``: the call's result and the reference's; or
         ``(Refused, None)`` once the call raised what the reference said."""
-        STATS["steps"] += 1
+        _count(STATS, "steps")
         try:
             want = predict()
         except Refused as refused:
             try:
                 self._call(what, call)
             except refused.types as exc:
-                OUTCOMES[what, type(exc).__name__] += 1
+                _count(OUTCOMES, (what, type(exc).__name__))
                 return Refused, None
             except Exception as exc:
                 raise AssertionError("%s: expected %s, got %s: %s" % (what, refused, type(exc).__name__,
                                                                       exc)) from exc
             raise AssertionError("%s: expected %s, but it was accepted" % (what, refused)) from None
         got = self._call(what, call)
-        OUTCOMES[what, "done"] += 1
+        _count(OUTCOMES, (what, "done"))
         return got, want
 
     def _call(self, what, call):
@@ -327,7 +408,7 @@ class SessionMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ Data
     @rule(data=st.data())
     def new_data(self, data):
-        STATS["steps"] += 1
+        _count(STATS, "steps")
         dtype = _draw(data, st.sampled_from(self.session.dtypes), "dtype")
         ndim = _draw(data, st.sampled_from((2, 2, 1, 0)), "ndim")
         seed = _draw(data, st.integers(0, 2**31), "seed")
@@ -366,7 +447,7 @@ class SessionMachine(RuleBasedStateMachine):
         n = _draw(data, st.integers(0, 2 * len(old) + 10), "length")
         fresh = random_array(_draw(data, st.integers(0, 2**31), "seed"), d.dtype, (max(0, n - len(old)),) +
                              old.shape[1:])
-        STATS["steps"] += 1
+        _count(STATS, "steps")
         d.set_length(n)  # keeps the rows both lengths have; new ones are set next
         d[len(old):] = fresh
         self.ref.datas[key] = np.concatenate([old[:n], fresh])
@@ -376,7 +457,7 @@ class SessionMachine(RuleBasedStateMachine):
         picked = self._some_data(data)
         if picked is None:
             return
-        STATS["steps"] += 1
+        _count(STATS, "steps")
         picked[1].free_memory()
         if not isinstance(picked[2], Freed):
             self.ref.datas[picked[0]] = Freed(picked[2])
@@ -491,7 +572,7 @@ class SessionMachine(RuleBasedStateMachine):
         shared_vars, ks, single = self._targets(data)
         s = self.session
         rank = _draw(data, st.integers(0, s.n - 1), "rank")
-        STATS["steps"] += 1
+        _count(STATS, "steps")
         got = synk.get_value(rank, shared_vars)
         for k, g in zip(ks, [got] if single else got):
             assert_matches(g, self.ref.vals[k][rank], what="get_value of %s" % s.variables[k])
@@ -588,23 +669,129 @@ class SessionMachine(RuleBasedStateMachine):
             assert_matches(g, w, bound, "fs output %d" % i, s.gpu)
 
 
-def machine_for(session):
-    """The state machine class bound to ``session``."""
-    return type("SessionMachine", (SessionMachine,), {"session": session})
+def machine_for(lane):
+    """The state machine class bound to ``lane`` (given a Session: its first lane)."""
+    if isinstance(lane, Session):
+        lane = lane.lanes[0]
+    return type("SessionMachine", (SessionMachine,), {"session": lane})
 
 
-def run(session, examples, steps, derandomize, shrink=True):
-    """Run ``examples`` sequences of up to ``steps`` steps against ``session``;
-    a failing sequence is shrunk to a minimal one unless ``shrink`` is False
+def _settings(examples, steps, derandomize, shrink):
+    """A failing sequence is shrunk to a minimal one unless ``shrink`` is False
     (or ``SYNKHRONOS_MODEL_SHRINK=0``: on a GPU, where new shapes compile anew,
     shrinking can take longer than the run)."""
     shrink = shrink and os.environ.get("SYNKHRONOS_MODEL_SHRINK", "1") != "0"
-    machine = machine_for(session)
     phases = [p for p in Phase if shrink or p not in (Phase.shrink, Phase.explain)]
-    machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None,
-                                         derandomize=derandomize, database=None, print_blob=True,
-                                         phases=phases, suppress_health_check=list(HealthCheck))
+    return settings(max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=derandomize,
+                    database=None, print_blob=True, phases=phases, suppress_health_check=list(HealthCheck))
+
+
+def run(session, examples, steps, derandomize, shrink=True):
+    """Run ``examples`` sequences of up to ``steps`` steps against ``session``'s
+    first lane (see ``_settings`` for ``shrink``)."""
+    machine = machine_for(session)
+    machine.TestCase.settings = _settings(examples, steps, derandomize, shrink)
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
+
+
+def run_threads(session, threads, examples, steps, derandomize, shrink=True, timeout=None):
+    """Run a machine against each of the first ``threads`` lanes of ``session``,
+    each in a thread of its own and all at once, each ``examples`` sequences of up
+    to ``steps`` steps with a reference of its own.  The threads' calls interleave
+    on the one session: each must still get its own results.
+
+    Hypothesis runs tests from several threads at once (6.155 here); each thread
+    has its own machine class, settings and random source.  Derandomized, lane 0
+    runs the sequences ``run`` runs and lane ``k`` those of ``hypothesis.seed(k)``
+    (one digest for all would give every lane the same sequences).
+
+    Raises AssertionError naming the lane whose step failed first (in time: one
+    lane's fault can make the others fail after it, say by closing the session),
+    with that step's error and what Hypothesis made of it in that lane (the
+    shrunk sequence), chained to the latter, and every lane's outcome listed.  Or
+    naming the threads still running after ``timeout`` seconds (default: a
+    second a step, far more than a step takes, plus two stalls' worth), with
+    their stacks; the threads are daemons, so a hung one does not keep the
+    process alive.
+    """
+    if threads > len(session.lanes):
+        raise ValueError("%d threads, but the session has %d lanes" % (threads, len(session.lanes)))
+    if timeout is None:
+        timeout = 2 * HANG_S + examples * steps
+    lanes = session.lanes[:threads]
+    session.ensure()  # started here, once: a failure that closes it fails every lane (see Session.ensure)
+    errors = {}  # lane index -> the exception its run raised
+
+    def drive(lane):
+        machine = machine_for(lane)
+        if derandomize and lane.index:
+            machine = seed(lane.index)(machine)
+        try:
+            run_state_machine_as_test(machine, settings=_settings(examples, steps, derandomize, shrink))
+        except BaseException as exc:
+            errors[lane.index] = exc
+            lane.failed(exc)  # a failure outside any step (say, of Hypothesis itself)
+
+    workers = [threading.Thread(target=drive, args=(lane,), name="model lane %d" % lane.index, daemon=True)
+               for lane in lanes]
+    for lane in lanes:
+        lane.first_error = None
+    session.concurrent = True
+    try:
+        with _one_parse_at_a_time():
+            for w in workers:
+                w.start()
+            deadline = time.monotonic() + timeout
+            for w in workers:
+                w.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        session.concurrent = False
+    hung = [w for w in workers if w.is_alive()]
+    outcomes = ""
+    for lane, w in zip(lanes, workers):
+        ended = _summary(errors[lane.index]) if lane.index in errors else "passed"
+        outcomes += "\n  lane %d: %s" % (lane.index, "still running" if w.is_alive() else ended)
+    if hung:
+        frames = sys._current_frames()
+        raise AssertionError("%d of %d threads still running after %.0f s:%s%s" % (
+            len(hung), threads, timeout, outcomes, "".join("\n%s:\n%s" % (w.name, "".join(
+                traceback.format_stack(frames[w.ident]))) for w in hung if w.ident in frames)))
+    if errors:
+        first = min((lane for lane in lanes if lane.first_error), key=lambda lane: lane.first_error[0])
+        final = errors.get(first.index)
+        exc = first.first_error[1]
+        message = "lane %d of %d threads failed first: %s%s\n\nThat step:\n%s\nLane %d ended with:\n%s" % (
+            first.index, threads, _summary(exc), outcomes, "".join(traceback.format_exception(exc)),
+            first.index, "".join(traceback.format_exception(final)) if final else "passed")
+        raise AssertionError(message) from final
+
+
+@contextlib.contextmanager
+def _one_parse_at_a_time():
+    """Make ``ast.parse`` hold a lock.  CPython counts the depth of the syntax
+    tree it is turning into Python objects in state that all threads share (3.11
+    at least), so two threads parsing at once fail now and then with
+    "SystemError: AST constructor recursion depth mismatch" (see
+    python/cpython#106905).  Each thread's Hypothesis parses source: the
+    machine's and its own (for the derandomized seed), and the constants of
+    newly imported modules."""
+    parse, lock = ast.parse, threading.Lock()
+
+    def one_at_a_time(*args, **kwargs):
+        with lock:
+            return parse(*args, **kwargs)
+
+    ast.parse = one_at_a_time
+    try:
+        yield
+    finally:
+        ast.parse = parse
+
+
+def _summary(exc):
+    """One line: ``exc``'s type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return "%s: %s" % (type(exc).__name__, lines[0] if lines else "")
 
 
 def main(argv=None):
@@ -616,20 +803,32 @@ def main(argv=None):
                         help="instead: this many sequences per rank count, the same ones every run")
     parser.add_argument("--steps", type=int, default=40, help="most steps in one sequence")
     parser.add_argument("--gpu", action="store_true", help="GPU ranks (use_gpu=True)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="machines driving the session at once, each from a thread of its own")
     parser.add_argument("--outcomes", action="store_true", help="count each call's outcomes")
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
+
+    def sequences(session, examples, derandomize):
+        if args.threads == 1:
+            run(session, examples, args.steps, derandomize)
+        else:
+            run_threads(session, args.threads, examples, args.steps, derandomize)
+
     warnings.simplefilter("ignore")  # the drawn values' NaN and infinity arithmetic, complex casts
     t_all = time.monotonic()
     for n in args.ranks:
-        session = Session(n, use_gpu=args.gpu)
+        session = Session(n, use_gpu=args.gpu, lanes=args.threads)
         before = dict(STATS)
         t0 = time.monotonic()
         if args.examples is not None:
-            run(session, args.examples, args.steps, derandomize=True)
+            sequences(session, args.examples, derandomize=True)
         while args.examples is None and time.monotonic() - t0 < args.seconds:
-            run(session, 20, args.steps, derandomize=False)
-        print("model-based test: %d ranks (%s%s): %d sequences, %d steps in %.0f s, 0 failures" % (
+            sequences(session, 20, derandomize=False)
+        print("model-based test: %d ranks (%s%s%s): %d sequences, %d steps in %.0f s, 0 failures" % (
             session.n, "GPU" if session.gpu else "CPU", ", MPI" if session.mpi else "",
+            ", %d threads" % args.threads if args.threads > 1 else "",
             STATS["sequences"] - before["sequences"], STATS["steps"] - before["steps"],
             time.monotonic() - t0), flush=True)
         synk.close()

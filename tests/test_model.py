@@ -1,10 +1,12 @@
 """The model-based test of the whole public API (``_machine.py``): Hypothesis
 drives random sequences of calls against a plain-numpy model, on 1-4 CPU ranks
 and under MPI over loopback (every rank its own host), with the same sequences
-every run.  Then the faults it found, each as a plain test (``_regressions.py``).
+every run; also from 2 and 4 threads at once against one session, each thread
+with its own machine and model.  Then the faults it found, each as a plain test
+(``_regressions.py``).
 
 ``python tests/_machine.py --seconds 600`` runs fresh sequences for as long as
-asked and prints how many ran.
+asked and prints how many ran (``--threads 4``: from four threads at once).
 """
 
 import subprocess
@@ -32,6 +34,23 @@ def test_public_api_against_the_model(n):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the drawn values' NaN and infinity arithmetic
             _machine.run(session, EXAMPLES[n], STEPS, derandomize=True)
+    finally:
+        synk.close()
+
+
+# Sequences per thread, on 2 ranks: about 35 s for both on a 2-core machine.
+THREADED = {2: 40, 4: 25}
+
+
+@pytest.mark.parametrize("threads", sorted(THREADED))
+def test_public_api_from_threads_against_the_model(threads):
+    """``threads`` machines drive one session at once, each from its own thread,
+    on its own variables and functions and against its own model."""
+    session = _machine.Session(2, lanes=threads)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # filters are global: this covers the threads too
+            _machine.run_threads(session, threads, THREADED[threads], STEPS, derandomize=True)
     finally:
         synk.close()
 

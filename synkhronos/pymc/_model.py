@@ -3,21 +3,24 @@ every Synkhronos rank (see ``_terms`` for what is split, ``_op`` for the Op the
 copy holds in their place)."""
 
 import logging
+import threading
 
 import numpy as np
 
 from .. import _api, _data, _function, _runtime
 from .. import _collectives as _coll
 from .._plan import split_bounds
-from ._op import RowsLogp
+from ._op import Evaluator, RowsLogp, refuse_jax
 from ._terms import _continuous, check_rowwise, find_terms, row_count, worker_graph
 
 __all__ = ["data_parallel"]
 
+_FORKING = threading.Lock()
+
 logger = logging.getLogger("synkhronos")
 
 
-def data_parallel(model, observed=None, rows=None):
+def data_parallel(model, observed=None, rows=None, batch=None):
     """A copy of PyMC model ``model`` whose likelihood over rows of data is
     computed data-parallel on all Synkhronos ranks.
 
@@ -40,6 +43,13 @@ def data_parallel(model, observed=None, rows=None):
     rows : int, optional
         The number of rows (default: the longest leading dimension of the
         observed data).
+    batch : bool or None, optional
+        Whether points that several chains ask for at once are evaluated in
+        one pass over the rows (each parameter with a leading axis of points),
+        or one after another.  None (default): batched on GPU ranks, one after
+        another on CPU ranks, where a batched pass measured no faster per point
+        (see the docs page "PyMC").  Graphs that PyTensor cannot batch are
+        evaluated one point at a time either way.
 
     Returns
     -------
@@ -59,24 +69,33 @@ def data_parallel(model, observed=None, rows=None):
     Synkhronos is forked with its defaults if it was not; the function is
     distributed at once, with any others built so far.  The split data are
     copies taken now: after ``pm.set_data`` on them, call ``data_parallel``
-    again.  Chains that PyMC runs in processes of their own compute all rows
-    there, without the ranks (a warning says so): ``pm.sample(cores=1)`` runs
-    every chain on the ranks.
+    again.
+
+    The copy may be evaluated from any thread, and from processes that PyMC
+    forks or spawns for its chains: every evaluation runs on the ranks of this
+    process's session (a child asks this process, which must stay alive and
+    keep the session open meanwhile).  Evaluations asked for at the same time
+    run one after another, or with ``batch`` in one pass.
     """
     import pymc as pm
 
     if not isinstance(model, pm.Model):
         raise TypeError("model must be a pymc.Model, got %r" % (model,))
+    if batch is not None and not isinstance(batch, bool):
+        raise TypeError("batch must be True, False or None, got %r" % (batch,))
     chosen = _observed(model, observed)
     n_rows = row_count(model, chosen) if rows is None else _check_rows(rows)
     if observed is None:
         chosen = [rv for rv in chosen if _rows_of(model, rv) == n_rows]
-    if _runtime.current() is None:
-        _api.fork()
+    with _FORKING:  # two threads' first data_parallel: one fork
+        if _runtime.current() is None:
+            _api.fork()
     n = _api.n_parallel()
     terms = find_terms(model, chosen, n_rows)
     check_rowwise(model, terms, split_bounds(n_rows, n))
-    op = _distributed_op(terms, model)
+    if batch is None:
+        batch = _runtime.require().device.name == "gpu"
+    op = _distributed_op(terms, batch)
     logger.info("synkhronos.pymc: %s split over %d ranks (%d rows, %s)", terms.names(), n, n_rows, op.dtype)
     return _with_op(model, terms, op)
 
@@ -120,19 +139,59 @@ def _linker_of_pymc():
     return {} if _runtime.current().device.name == "gpu" else {"mode": str(pytensor.config.mode)}
 
 
-def _distributed_op(terms, model):
+def _distributed_op(terms, batch):
     """Build, distribute and fill the Synkhronos function of ``terms``; the Op
     that calls it."""
     params, data, row_shareds, total, grads = worker_graph(terms)
-    _check_sendable(terms, [total] + grads)
-    fn = _function.function([], [(total, "sum")] + [(g, "sum") for g in grads],
-                            bcast_inputs=params + data, name="pymc rows of %s" % terms.names(),
-                            **_linker_of_pymc())
+    batched_params, outputs = _batched(params, [total] + grads) if batch else (params, [total] + grads)
+    try:
+        _check_sendable(terms, outputs)
+    except ValueError:
+        if batched_params is params:
+            raise
+        batched_params, outputs = params, [total] + grads  # a part that pickles only unbatched
+        _check_sendable(terms, outputs)
+    batched = batched_params is not params
+    fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=batched_params + data,
+                            name="pymc rows of %s" % terms.names(), **_linker_of_pymc())
     _api.distribute()
     _coll.scatter(row_shareds, terms.row_values)
     continuous = [_continuous(p) for p in params] + [False] * len(data)
-    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in params + data]
-    return RowsLogp(fn, terms.names(), total.dtype, continuous, datas, lambda: _whole_function(terms))
+    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in batched_params + data]
+    evaluator = Evaluator(fn, datas, len(params), batched)
+    route = _runtime.require().service.route(evaluator.evaluate)
+    refuse_jax()
+    return RowsLogp(evaluator, route, terms.names(), total.dtype, continuous)
+
+
+def _batched(params, outputs):
+    """``(inputs, outputs)`` of the terms evaluated at several points at once:
+    each parameter gains a leading axis of points, and each output one value
+    (or gradient) per point, so that a rank reads its rows once for all points.
+    ``(params, outputs)`` unchanged where PyTensor cannot vectorize the graph."""
+    import pytensor.tensor as pt
+    from pytensor.graph.replace import vectorize_graph
+    from pytensor.graph.rewriting.utils import rewrite_graph
+    from pytensor.graph.traversal import apply_ancestors
+    from pytensor.tensor.blockwise import Blockwise
+
+    stacked = [pt.tensor(dtype=p.dtype, shape=(None,) + p.type.shape, name=p.name) for p in params]
+    try:
+        vectorized = vectorize_graph(outputs, replace=dict(zip(params, stacked)))
+        # (the rewrites that turn a product with one batched side into one matrix product)
+        vectorized = list(rewrite_graph(vectorized, include=("canonicalize", "stabilize", "specialize")))
+    except Exception as exc:
+        why = "%s: %s" % (type(exc).__name__, exc)
+    else:
+        # An Op with no rule for a leading axis stays a Blockwise, which loops
+        # over the points one by one (and does not pickle once compiled).
+        looped = sorted({str(n.op.core_op) for n in apply_ancestors(vectorized)
+                         if isinstance(n.op, Blockwise)})
+        if not looped:
+            return stacked, vectorized
+        why = "no batched form of %s" % ", ".join(looped)
+    logger.info("synkhronos.pymc: one point at a time on the ranks (%s)", why)
+    return params, outputs
 
 
 def _check_sendable(terms, outputs):
@@ -148,15 +207,6 @@ def _check_sendable(terms, outputs):
             "observed %s: its log-density graph cannot be sent to the ranks (pickle: %s: %s); "
             "leave it out of observed= to compute it in this process"
             % (terms.names(), type(exc).__name__, exc)) from exc
-
-
-def _whole_function(terms):
-    """A plain PyTensor function of ``terms`` over all rows, for a process that
-    is not the session's (a chain PyMC forked)."""
-    import pytensor
-
-    params, data, _, total, grads = worker_graph(terms, whole=True)
-    return pytensor.function(params + data, [total] + grads)
 
 
 def _with_op(model, terms, op):

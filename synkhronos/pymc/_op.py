@@ -1,37 +1,107 @@
 """The Op that stands for a model's split terms: one Synkhronos call returns
 their summed log-density and its gradient, so PyMC's logp-and-gradient function
-(whose two uses of the Op PyTensor merges into one node) costs one round trip."""
+(whose two uses of the Op PyTensor merges into one node) costs one round trip.
 
-import logging
+Who evaluates it, and how:
+
+- in the session's process, from any thread: through ``Evaluator``, whose
+  ``Batcher`` evaluates every point pending at once in one call of the ranks;
+- in a child process (a chain PyMC forked, or one that received a pickled copy
+  under ``spawn``/``forkserver``): by asking the session's process through its
+  service (``synkhronos._service``), where the same ``Evaluator`` runs it.
+"""
+
 import os
-import pickle
 
 import numpy as np
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from .. import _runtime
+from .. import _runtime, _service
+from ._batch import Batcher
 
-__all__ = ["RowsLogp"]
+__all__ = ["RowsLogp", "Evaluator"]
 
-logger = logging.getLogger("synkhronos")
+
+class Evaluator:
+    """The session's side of one model's split terms.
+
+    ``fn`` is the Synkhronos function of the terms (parameters and data
+    broadcast, each rank summing its rows); with ``batched`` its parameters carry
+    a leading axis of points and it returns one log-density (and gradient) per
+    point, else it takes one point.  ``datas``: the ``synkhronos.Data`` each
+    input is broadcast from, written in place under the session's lock."""
+
+    def __init__(self, fn, datas, n_params, batched):
+        self.fn = fn
+        self.datas = datas
+        self.n_params = n_params
+        self.batched = batched
+        self.batcher = Batcher(self._run)
+        self.rt = fn._rt
+
+    def evaluate(self, inputs):
+        """``[logp, *grads]`` at ``inputs`` (the Op's inputs, as arrays)."""
+        return self.batcher.evaluate([np.asarray(x) for x in inputs])
+
+    def _run(self, points):
+        with _runtime.locked():  # the Data are written, then read by the call, as one step
+            if not self.batched:
+                return [self._call(p) for p in points]
+            results = []
+            for group in _same_data(points, self.n_params):
+                stacked = [np.stack([p[i] for p in group]) for i in range(self.n_params)]
+                outs = self._call(stacked + group[0][self.n_params:])
+                results += [(k, [o[j] for o in outs]) for j, k in enumerate(group.keys)]
+            return [r for _, r in sorted(results, key=lambda kr: kr[0])]
+
+    def _call(self, values):
+        for d, x in zip(self.datas, values):
+            if d.shape == x.shape:
+                d.data[...] = x
+            else:
+                d.set_value(x, oversize=2)  # room for more points without reallocating
+        results = self.fn(*self.datas)
+        return results if isinstance(results, list) else [results]
+
+
+class _Group(list):
+    """Points of one call, with their places among all points."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys = []
+
+
+def _same_data(points, n_params):
+    """The points grouped by their data inputs (after the first ``n_params``
+    inputs), which one call broadcasts once for all its points."""
+    groups = []
+    for k, p in enumerate(points):
+        for g in groups:
+            if all(np.array_equal(a, b) for a, b in zip(g[0][n_params:], p[n_params:])):
+                break
+        else:
+            g = _Group()
+            groups.append(g)
+        g.append(p)
+        g.keys.append(k)
+    return groups
 
 
 class RowsLogp(Op):
-    """``RowsLogp(fn, names)(*params, *data)`` -> (log-density, gradient for each
-    continuous parameter).
+    """``RowsLogp(evaluator, route, names, ...)(*params, *data)`` -> (log-density,
+    gradient for each continuous parameter).
 
-    ``fn`` is the Synkhronos function of the split terms (parameters and data
-    broadcast, each rank summing its rows); ``names`` label it in errors."""
+    ``evaluator`` runs it in the session's process; ``route`` reaches that
+    process's service from a child; ``names`` label it in errors."""
 
-    def __init__(self, fn, names, dtype, continuous, datas, whole):
-        self.fn = fn
+    def __init__(self, evaluator, route, names, dtype, continuous):
+        self.evaluator = evaluator
+        self.route = route
         self.names = names
         self.dtype = dtype
         self.continuous = tuple(continuous)  # per input: whether a gradient comes back
-        self.datas = datas  # per input, the synkhronos.Data it is broadcast from (written in place)
-        self.whole = whole  # makes a plain function of all rows, for other processes
-        self._whole_fn = None
 
     def make_node(self, *inputs):
         import pytensor.tensor as pt
@@ -45,30 +115,18 @@ class RowsLogp(Op):
         return Apply(self, inputs, outputs)
 
     def perform(self, node, inputs, output_storage):
-        rt = _runtime.current()
-        if rt is None or rt.foreign:
-            results = self._in_another_process(inputs)
-        else:
-            for d, x in zip(self.datas, inputs):
-                if d.shape == x.shape:
-                    d.data[...] = x
-                else:
-                    d.set_value(x)
-            results = self.fn(*self.datas)
-        if len(node.outputs) == 1:  # no continuous parameter: the function has one output
-            results = [results]
+        results = self._evaluate(inputs)
         for store, value, out in zip(output_storage, results, node.outputs):
             store[0] = np.asarray(value, dtype=out.dtype)
 
-    def _in_another_process(self, inputs):
-        """All rows computed here: a process PyMC forked for a chain cannot call
-        the session's ranks (``pm.sample(cores=1)`` runs the chains where it can)."""
-        if self._whole_fn is None:
-            logger.warning("synkhronos.pymc: %s computed without the Synkhronos ranks in process %d "
-                           "(a chain PyMC started in a process of its own); pm.sample(..., cores=1) "
-                           "runs every chain on the ranks", self.names, os.getpid())
-            self._whole_fn = self.whole()
-        return self._whole_fn(*inputs)
+    def _evaluate(self, inputs):
+        ev = self.evaluator
+        if ev is not None and not ev.rt.foreign and os.getpid() == self.route.owner:
+            if _runtime.current() is not ev.rt:
+                raise RuntimeError("the Synkhronos session that computes the data-parallel terms of %s was "
+                                   "closed: call synkhronos.pymc.data_parallel(model) again" % self.names)
+            return ev.evaluate(inputs)
+        return _service.call(self.route, [np.asarray(x) for x in inputs])
 
     def L_op(self, inputs, outputs, output_grads):
         from pytensor.gradient import DisconnectedType, grad_not_implemented
@@ -91,8 +149,27 @@ class RowsLogp(Op):
         return "RowsLogp{%s}" % self.names
 
     def __reduce__(self):
-        # PyMC falls back to sampling its chains in this process when the model
-        # does not pickle, which is where the Synkhronos session lives.
-        raise pickle.PicklingError(
-            "the data-parallel terms of %s run through this process's Synkhronos session and "
-            "cannot be sent to another process" % self.names)
+        # A copy for another process (PyMC pickles its chains' step method under
+        # spawn and forkserver): it evaluates through the session's service.
+        return RowsLogp, (None, self.route, self.names, self.dtype, self.continuous)
+
+
+_JAX_REFUSAL = (
+    "%s: the data-parallel terms of a synkhronos.pymc.data_parallel model run on the Synkhronos ranks "
+    "through this process, which JAX-based samplers (pm.sample(nuts_sampler='numpyro' or 'blackjax'), "
+    "jax.jit of the model's log-density) cannot call from compiled code. Sample the copy with PyMC's own "
+    "NUTS (pm.sample(), any cores and mp_ctx: every chain runs on the ranks) or with "
+    "nuts_sampler='nutpie'; for numpyro or blackjax, sample the original model")
+
+
+def refuse_jax():
+    """Make PyTensor's JAX backend refuse ``RowsLogp`` with the way forward
+    (instead of 'No JAX conversion for the given Op')."""
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    if RowsLogp in jax_funcify.registry:
+        return
+
+    @jax_funcify.register(RowsLogp)
+    def _refused(op, **kwargs):
+        raise NotImplementedError(_JAX_REFUSAL % op)

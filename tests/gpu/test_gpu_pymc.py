@@ -44,3 +44,32 @@ def test_sample_on_a_gpu_rank(session):
     b = idata.posterior["b"].values
     assert b.shape == (2, 50, 3) and np.all(np.isfinite(b))
     np.testing.assert_allclose(b.mean(axis=(0, 1)), [0.5, -1.0, 0.2], atol=0.25)
+
+
+def test_chains_at_once_batched_on_a_gpu_rank(session):
+    """GPU ranks evaluate pending points in one batched pass by default: threads
+    at once each get PyMC's numbers for their own point."""
+    import test_pymc_chains
+
+    test_pymc_chains.test_threads_at_once_get_their_own_logp_and_gradient(
+        (test_pymc_chains.logistic(), None), None)
+
+
+def test_forked_and_threaded_chains_on_a_gpu_rank(session):
+    """pm.sample's forked chains (cores=2) and nutpie's threads on one GPU rank:
+    every evaluation on the rank, the posterior of the same chains in this process."""
+    import test_pymc_chains as chains
+
+    plain = chains.logistic()
+    split = data_parallel(plain)
+    assert split.potentials[0].owner.op.evaluator.batched, "batched by default on GPU ranks"
+    here = chains._pm_sample(split, cores=1)
+    before = chains.evaluations(split)
+    forked = chains._pm_sample(split, cores=2, mp_ctx="fork")
+    assert chains.evaluations(split) - before >= 2 * 2 * chains.DRAWS
+    chains.assert_same_posterior(forked, here)
+    chains.assert_same_posterior(here, chains._pm_sample(plain, cores=1))
+    nutpie = pytest.importorskip("nutpie")
+    kw = dict(chains=4, tune=chains.DRAWS, draws=chains.DRAWS, seed=1, progress_bar=False)
+    chains.assert_same_posterior(nutpie.sample(nutpie.compile_pymc_model(split), **kw),
+                                 nutpie.sample(nutpie.compile_pymc_model(plain), **kw))

@@ -1,0 +1,238 @@
+"""Chains of a ``synkhronos.pymc.data_parallel`` model on the ranks, however the
+sampler runs them: as processes PyMC forks (its default on Linux), spawns or
+starts from a fork server, as threads (nutpie), and several chains' points in
+one pass over the rows.  Each against the plain model, sampled with the same
+seeds in the same way: the posterior means agree within 0.15 posterior SD, and
+every evaluation of every chain was counted by the session's process.  JAX
+samplers are refused with the way forward.  Then the batcher that evaluates
+every pending point in one run, against a plain model, with threads."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+
+import pytensor  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import synkhronos as synk  # noqa: E402
+from synkhronos import _runtime  # noqa: E402
+from synkhronos.pymc import data_parallel  # noqa: E402
+from synkhronos.pymc._batch import Batcher  # noqa: E402
+
+ROWS, FEATURES = 1000, 4
+DRAWS = 100
+
+
+@pytest.fixture(scope="module")
+def session():
+    was = pytensor.config.floatX
+    pytensor.config.floatX = "float64"
+    synk.close()
+    synk.fork(2, use_gpu=False)
+    yield
+    synk.close()
+    pytensor.config.floatX = was
+
+
+def logistic(n=ROWS, p=FEATURES, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, p))
+    y = (rng.random(n) < 1 / (1 + np.exp(-(x @ np.full(p, 0.3))))).astype("int64")
+    with pm.Model() as m:
+        xd = pm.Data("x", x)
+        b = pm.Normal("b", 0, 1, shape=p)
+        pm.Bernoulli("y", logit_p=xd @ b, observed=y)
+    return m
+
+
+@pytest.fixture(scope="module")
+def models(session):
+    plain = logistic()
+    return plain, data_parallel(plain)
+
+
+def evaluations(split):
+    """How many points the session's process evaluated for ``split`` so far."""
+    sizes = split.potentials[0].owner.op.evaluator.batcher.sizes
+    return sum(n * k for n, k in sizes.items())
+
+
+def assert_same_posterior(got, want):
+    g, w = got.posterior["b"], want.posterior["b"]
+    sd = w.std(("chain", "draw")).values
+    off = np.abs(g.mean(("chain", "draw")).values - w.mean(("chain", "draw")).values) / sd
+    assert np.all(off < 0.15), "posterior means %s SDs apart" % off
+
+
+def _pm_sample(model, **kw):
+    with model:
+        return pm.sample(draws=DRAWS, tune=DRAWS, chains=2, progressbar=False, random_seed=5,
+                         compute_convergence_checks=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def in_process(models):
+    """The copy's chains one after the other in this process (``cores=1``), and
+    how many points that evaluated."""
+    _, split = models
+    before = evaluations(split)
+    idata = _pm_sample(split, cores=1)
+    return idata, evaluations(split) - before
+
+
+def test_chains_in_this_process_sample_pymcs_posterior(models, in_process):
+    plain, split = models
+    idata, evaluated = in_process
+    assert evaluated >= 2 * 2 * DRAWS, "every step of both chains, on the ranks"
+    assert_same_posterior(idata, _pm_sample(plain, cores=1))
+
+
+@pytest.mark.parametrize("mp_ctx", ["fork", "spawn", "forkserver"])
+def test_chains_in_processes_run_on_the_ranks(models, in_process, mp_ctx):
+    """cores=2: PyMC runs each chain in a process of its own, forked (its default
+    on Linux up to Python 3.13) or started with a pickled copy of the model.
+    Every evaluation is computed by the ranks, so the draws are those of the
+    same chains run in this process, to the last bit."""
+    _, split = models
+    want, evaluated = in_process
+    before = evaluations(split)
+    got = _pm_sample(split, cores=2, mp_ctx=mp_ctx)
+    assert evaluations(split) - before == evaluated, "every chain's every step, on the ranks"
+    np.testing.assert_array_equal(got.posterior["b"].values, want.posterior["b"].values)
+
+
+def test_nutpie_chains_in_threads(models):
+    """nutpie runs every chain as a thread of this process (PyMC 6's default
+    sampler when nutpie is installed): the posterior is plain nutpie's."""
+    nutpie = pytest.importorskip("nutpie")
+    plain, split = models
+    kw = dict(chains=4, tune=DRAWS, draws=DRAWS, seed=1, progress_bar=False)
+    before = evaluations(split)
+    got = nutpie.sample(nutpie.compile_pymc_model(split), **kw)
+    assert evaluations(split) - before >= 4 * 2 * DRAWS
+    assert_same_posterior(got, nutpie.sample(nutpie.compile_pymc_model(plain), **kw))
+    with split:  # PyMC's way to the same sampler
+        via_pymc = pm.sample(nuts_sampler="nutpie", draws=50, tune=50, chains=2, progressbar=False,
+                             random_seed=1)
+    assert np.all(np.isfinite(via_pymc.posterior["b"].values))
+
+
+@pytest.mark.parametrize("sampler", ["numpyro", "blackjax"])
+def test_jax_samplers_are_refused_with_the_way_forward(models, sampler):
+    _, split = models
+    with split, pytest.raises(NotImplementedError, match=r"RowsLogp.*synkhronos\.pymc.*nutpie"):
+        pm.sample(nuts_sampler=sampler, draws=10, tune=10, chains=1, progressbar=False)
+
+
+def _points(model, k, seed=4):
+    rng = np.random.default_rng(seed)
+    start = model.initial_point()
+    return [{n: v + 0.3 * rng.standard_normal(v.shape) for n, v in start.items()} for _ in range(k)]
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_threads_at_once_get_their_own_logp_and_gradient(models, batch):
+    """Threads evaluating at once (some while the session is busy, so that their
+    points are pending together): each gets PyMC's numbers for its own point;
+    with ``batch`` several points were computed in one pass (None: the device's
+    default, batched on GPU ranks)."""
+    plain, _ = models
+    split = data_parallel(plain, batch=batch)
+    gpu = _runtime.current().device.name == "gpu"
+    assert split.potentials[0].owner.op.evaluator.batched == (gpu if batch is None else batch)
+    logp0, dlogp0 = plain.compile_logp(), plain.compile_dlogp()
+    points = _points(plain, 6)
+    # A PyTensor function is not reentrant: each chain compiles its own, as samplers do.
+    compiled = [(split.compile_logp(), split.compile_dlogp()) for _ in points]
+    results = {}
+    rt = _runtime.current()
+
+    def chain(k):
+        logp1, dlogp1 = compiled[k]
+        results[k] = [(float(logp1(p)), dlogp1(p)) for p in points[k:] + points[:k]]
+
+    threads = [threading.Thread(target=chain, args=(k,)) for k in range(len(points))]
+    with rt.lock:  # the first caller waits for the session; the others queue behind it
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+    for t in threads:
+        t.join(120)
+    for k, got in results.items():
+        for p, (lp, dlp) in zip(points[k:] + points[:k], got):
+            np.testing.assert_allclose(lp, logp0(p), rtol=1e-9)
+            np.testing.assert_allclose(dlp, dlogp0(p), rtol=1e-9, atol=1e-9)
+    assert len(results) == len(points)
+    sizes = split.potentials[0].owner.op.evaluator.batcher.sizes
+    assert max(sizes) > 1, "points pending together ran together: %s" % dict(sizes)
+
+
+def test_a_closed_session_is_named_at_the_next_evaluation():
+    """(Its own session: it closes it.)"""
+    synk.close()
+    synk.fork(2, use_gpu=False)
+    split = data_parallel(logistic(200))
+    logp = split.compile_logp()
+    point = split.initial_point()
+    assert np.isfinite(logp(point))
+    synk.close()
+    with pytest.raises(RuntimeError, match="session .* was closed: call synkhronos.pymc.data_parallel"):
+        logp(point)
+# ------------------------------------------------------------------ batcher
+@settings(max_examples=30, deadline=None)
+@given(threads=st.integers(1, 8), calls=st.integers(1, 12), failing=st.sets(st.integers(0, 95), max_size=4),
+       pause=st.sampled_from((0.0, 0.0005, 0.002)))
+def test_batcher_against_a_plain_model(threads, calls, failing, pause):
+    runs = []
+    pending = set()
+    lock = threading.Lock()
+
+    def run(points):
+        with lock:
+            runs.append(list(points))
+            assert set(points) <= pending, "a run holds only points that were asked for"
+            pending.difference_update(points)
+        time.sleep(pause)
+        if any(p in failing for p in points):
+            raise ValueError("run of %s" % (points,))
+        return [p * 10 for p in points]
+
+    b = Batcher(run)
+    errors = []
+
+    def chain(t):
+        for i in range(calls):
+            point = t * 12 + i
+            with lock:
+                pending.add(point)
+            try:
+                got = b.evaluate(point)
+            except ValueError as exc:
+                errors.append((point, str(exc)))
+                continue
+            assert got == point * 10, (point, got)
+
+    workers = [threading.Thread(target=chain, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert not any(w.is_alive() for w in workers), "a caller hangs"
+    every = [p for r in runs for p in r]
+    assert sorted(every) == sorted(t * 12 + i for t in range(threads) for i in range(calls)), "each once"
+    failed_runs = [r for r in runs if any(p in failing for p in r)]
+    assert sorted(p for p, _ in errors) == sorted(p for r in failed_runs for p in r)
+    assert sum(n * k for n, k in b.sizes.items()) == len(every)
+
+
+def test_a_point_asked_alone_runs_at_once():
+    b = Batcher(lambda points: [p + 1 for p in points])
+    t0 = time.monotonic()
+    assert [b.evaluate(i) for i in range(100)] == list(range(1, 101))
+    assert time.monotonic() - t0 < 1.0
+    assert b.sizes == {1: 100}

@@ -1,0 +1,134 @@
+"""The session's service for its child processes (``synkhronos._service``).
+
+The service: a forked child and a spawned one (given the route in a pickle) get
+the owner's results; the owner's exceptions reach the child; a peer without the
+key is refused and the service goes on; after close, a child gets an error that
+names the closed session, and nothing of the service is left on disk."""
+
+import multiprocessing
+import os
+import pickle
+import stat
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from synkhronos._service import Route, Service, call
+
+
+def _square_plus(x, y):
+    return np.asarray(x) ** 2 + y
+
+
+def _fails(x):
+    raise ValueError("bad x %r" % (x,))
+
+
+class _Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("no")
+
+
+def _fails_unpicklably():
+    raise _Unpicklable("local state")
+
+
+@pytest.fixture
+def service():
+    s = Service()
+    yield s
+    s.close()
+
+
+def _in_fork(fn):
+    """``fn()``'s result (or exception text) computed in a forked child."""
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+
+    def target():
+        try:
+            child.send(("ok", fn()))
+        except Exception as exc:
+            child.send(("error", "%s: %s" % (type(exc).__name__, exc)))
+
+    p = ctx.Process(target=target)
+    p.start()
+    try:
+        assert parent.poll(60), "the child did not answer within 60 s"
+        return parent.recv()
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+
+
+def _call_route(route, *args):
+    return call(route, *args)
+
+
+def test_a_forked_child_gets_the_owners_results(service):
+    route = service.route(_square_plus)
+    kind, got = _in_fork(lambda: call(route, np.arange(4.0), 1.0))
+    assert kind == "ok"
+    np.testing.assert_array_equal(got, np.arange(4.0) ** 2 + 1)
+
+
+def test_a_spawned_child_calls_through_a_pickled_route(service):
+    route = pickle.loads(pickle.dumps(service.route(_square_plus)))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_call_route, (route, np.ones(3), 2.0))
+    np.testing.assert_array_equal(got, np.full(3, 3.0))
+
+
+def test_the_owners_exception_reaches_the_child(service):
+    bad = service.route(_fails)
+    odd = service.route(_fails_unpicklably)
+    assert _in_fork(lambda: call(bad, 7)) == ("error", "ValueError: bad x 7")
+    kind, text = _in_fork(lambda: call(odd))
+    assert kind == "error" and text.startswith("RuntimeError: _Unpicklable: local state")
+    good = service.route(_square_plus)
+    assert _in_fork(lambda: float(call(good, 2.0, 0.5))) == ("ok", 4.5), "the service goes on"
+
+
+def test_a_peer_without_the_key_is_refused_and_the_service_goes_on(service):
+    route = service.route(_square_plus)
+    stranger = Route(route.address, b"x" * 32, route.key, route.owner)
+    kind, text = _in_fork(lambda: call(stranger, 1.0, 1.0))
+    assert kind == "error" and "AuthenticationError" in text, text
+    assert _in_fork(lambda: float(call(route, 3.0, 0.0))) == ("ok", 9.0)
+
+
+def test_the_socket_is_private_and_gone_after_close():
+    s = Service()
+    route = s.route(_square_plus)
+    folder = os.path.dirname(route.address)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert os.stat(folder).st_uid == os.getuid()
+    s.close()
+    s.close()  # idempotent
+    assert not os.path.exists(folder)
+    kind, text = _in_fork(lambda: call(route, 1.0, 1.0))
+    assert kind == "error" and "cannot reach the Synkhronos session of pid %d" % os.getpid() in text
+    with pytest.raises(RuntimeError, match="closed"):
+        s.route(_square_plus)
+
+
+def test_a_child_asking_when_the_session_closes_is_told():
+    s = Service()
+    started = threading.Event()
+
+    def slow(x):
+        started.set()
+        time.sleep(0.5)
+        return x
+
+    route = s.route(slow)
+    closer = threading.Thread(target=lambda: (started.wait(10), s.close()))
+    closer.start()
+    kind, got = _in_fork(lambda: call(route, 5))
+    closer.join()
+    # The call under way when close() came either finished or was told why it ended.
+    assert (kind, got) == ("ok", 5) or (kind == "error" and "closed" in got)

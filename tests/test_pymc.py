@@ -168,7 +168,10 @@ def test_bad_arguments_are_named(session):
 
 
 def test_benchmark_runs_at_its_smallest_and_writes_json_and_png(tmp_path):
-    """benchmarks/pymc_likelihood.py (it checks logp against PyMC's itself)."""
+    """benchmarks/pymc_likelihood.py (it checks logp against PyMC's itself), its
+    sampling rows too: pm.sample with 2 forked chains and nutpie, each on the
+    plain model and on the copy, and the copy per evaluation against JAX."""
+    import importlib.util
     import json
     import os
     import subprocess
@@ -177,18 +180,29 @@ def test_benchmark_runs_at_its_smallest_and_writes_json_and_png(tmp_path):
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
                           "pymc_likelihood.py")
     out = tmp_path / "b.json"
-    proc = subprocess.run([sys.executable, script, "--models", "logistic,hierarchical", "--rows", "3000",
-                           "--ranks", "1,2", "--evals", "3", "--sample", "--sample-rows", "500",
-                           "--tune", "30", "--draws", "30", "--out", str(out)],
+    proc = subprocess.run([sys.executable, script, "--models", "logistic", "--rows", "3000", "--ranks", "1,2",
+                           "--evals", "3", "--sample", "--sample-rows", "500", "--tune", "30",
+                           "--draws", "30", "--cores", "2", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert [(r["model"], r["ranks"]) for r in result["likelihood"]] == [
-        ("logistic", 1), ("logistic", 2), ("hierarchical", 1), ("hierarchical", 2)]
+    assert [(r["model"], r["ranks"]) for r in result["likelihood"]] == [("logistic", 1), ("logistic", 2)]
     assert all(r["logp_rel_err"] < 1e-9 and r["synk_ms"] > 0 for r in result["likelihood"])
-    assert [s["model"] for s in result["sampling"]] == ["logistic", "hierarchical"]
+    sampled = {s["sampler"]: s for s in result["sampling"]}
+    want = ["pm.sample"] + (["nutpie"] if importlib.util.find_spec("nutpie") else [])
+    assert list(sampled) == want
+    assert sampled["pm.sample"]["cores"] == 2
+    assert sampled["pm.sample"]["mp_ctx"] in ("fork", "forkserver", "spawn")
+    for s in sampled.values():
+        assert s["plain_s"] > 0 and s["synk_s"] > 0 and s["max_mean_diff_in_sd"] < 0.5, s
+        evaluated = sum(int(n) * k for n, k in s["batch_sizes"].items())
+        assert evaluated >= 2 * 60, "every step of both chains, on the ranks"
+    if importlib.util.find_spec("jax"):
+        assert [(r["points"], r["copy_path"]) for r in result["jax_per_eval"]] == [
+            (1, "logp_dlogp_function"), (4, "4 threads at once"), (4, "one run of the ranks")]
+        assert all(r["jax_logp_rel_err"] < 1e-9 and r["jax_ms"] > 0 for r in result["jax_per_eval"])
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
-    assert "speedup" in proc.stdout
+    assert "speedup" in proc.stdout and "max |dmean|/sd" in proc.stdout
 
 
 MPI_SCRIPT = """
@@ -311,3 +325,16 @@ def test_what_cannot_be_split_is_named_and_the_session_goes_on(session, make, ma
         data_parallel(make())
     model = logistic(101)  # nothing of the refused model was left registered
     assert_same_density(model, data_parallel(model))
+
+
+def test_a_parameter_out_of_its_domain_gives_minus_infinity_as_in_pymc(session):
+    """PyMC compiles its parameter checks as -inf (not an error): so do the ranks."""
+    rng = np.random.default_rng(7)
+    with pm.Model() as model:
+        s = pm.Normal("s", 1, 1)  # a scale with no transform: negative values are out of its domain
+        pm.Normal("y", 0, s, observed=rng.standard_normal(301))
+    split = data_parallel(model)
+    logp0, logp1 = model.compile_logp(), split.compile_logp()
+    for value in (0.7, -0.5):
+        np.testing.assert_allclose(logp1({"s": value}), logp0({"s": value}), rtol=RTOL)
+    assert logp1({"s": -0.5}) == -np.inf

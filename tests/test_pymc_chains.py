@@ -236,3 +236,53 @@ def test_a_point_asked_alone_runs_at_once():
     assert [b.evaluate(i) for i in range(100)] == list(range(1, 101))
     assert time.monotonic() - t0 < 1.0
     assert b.sizes == {1: 100}
+
+
+_DEFAULT_LINKER = """
+import threading
+import numpy as np
+import pymc as pm
+import synkhronos as synk
+from synkhronos.pymc import data_parallel
+import test_pymc_chains as chains
+
+synk.fork(2, use_gpu=False)
+plain = chains.logistic()
+split = data_parallel(plain)
+ev = split.potentials[0].owner.op.evaluator
+logp0, dlogp0 = plain.compile_logp(), plain.compile_dlogp()
+points = chains._points(plain, 4)
+compiled = [(split.compile_logp(), split.compile_dlogp()) for _ in points]
+got = {}
+with synk._runtime.current().lock:
+    threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, (compiled[k][0](points[k]),
+               compiled[k][1](points[k])))) for k in range(4)]
+    for t in threads:
+        t.start()
+for t in threads:
+    t.join()
+for k, (lp, dlp) in got.items():
+    np.testing.assert_allclose(lp, logp0(points[k]), rtol=1e-9)
+    np.testing.assert_allclose(dlp, dlogp0(points[k]), rtol=1e-9, atol=1e-9)
+linker = type(ev.fn._core.plain.maker.linker).__name__
+print("linker", linker, "batched", ev.batched, "sizes", max(ev.batcher.sizes))
+synk.close()
+"""
+
+
+def test_by_default_cpu_ranks_compile_with_jax_and_batch(tmp_path):
+    """Outside the tests' FAST_COMPILE: the terms compile with JAX on CPU ranks
+    and pending points share one pass, with PyMC's numbers."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax")
+    env = {k: v for k, v in os.environ.items() if k != "PYTENSOR_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _DEFAULT_LINKER], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("linker ")]
+    assert line and line[0].startswith("linker JAXLinker batched True sizes "), proc.stdout
+    assert int(line[0].split()[-1]) >= 3, "the points pending together ran in one pass: %s" % line[0]

@@ -46,10 +46,12 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     batch : bool or None, optional
         Whether points that several chains ask for at once are evaluated in
         one pass over the rows (each parameter with a leading axis of points),
-        or one after another.  None (default): batched on GPU ranks, one after
-        another on CPU ranks, where a batched pass measured no faster per point
-        (see the docs page "PyMC").  Graphs that PyTensor cannot batch are
-        evaluated one point at a time either way.
+        or one after another.  None (default): in one pass where the ranks
+        compile the terms with JAX (GPU ranks, and CPU ranks unless PyTensor's
+        mode is set), where it measured faster per point; one after another
+        with PyTensor's other linkers, where it measured slower (see the docs
+        page "PyMC").  Graphs that PyTensor cannot batch are evaluated one
+        point at a time either way.
 
     Returns
     -------
@@ -93,9 +95,7 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     n = _api.n_parallel()
     terms = find_terms(model, chosen, n_rows)
     check_rowwise(model, terms, split_bounds(n_rows, n))
-    if batch is None:
-        batch = _runtime.require().device.name == "gpu"
-    op = _distributed_op(terms, batch)
+    op = _distributed_op(terms, batch, model.check_bounds)
     logger.info("synkhronos.pymc: %s split over %d ranks (%d rows, %s)", terms.names(), n, n_rows, op.dtype)
     return _with_op(model, terms, op)
 
@@ -129,31 +129,55 @@ def _check_rows(rows):
     return rows
 
 
-def _linker_of_pymc():
-    """On CPU ranks, the linker PyMC's own functions use (PyTensor's mode), not
-    Synkhronos' JAX default: on a 2-core VM a logistic regression's logp+dlogp
-    over 10^6 rows on 2 ranks took 41.6 ms with JAX, 26.0-32.6 ms with PyTensor 2.38's
-    C linker (PyMC's single process: 54-57 ms).  GPU ranks compile with JAX."""
-    import pytensor
+def _parameter_checks(outputs, check_bounds):
+    """``outputs`` with PyMC's parameter checks as PyMC compiles them: a log-density
+    of -inf where a parameter is out of its domain (``model.check_bounds=False``:
+    no check), rather than an error raised on a rank, or no check under JAX."""
+    from pytensor.graph.rewriting.utils import rewrite_graph
 
-    return {} if _runtime.current().device.name == "gpu" else {"mode": str(pytensor.config.mode)}
+    rule = "local_check_parameter_to_ninf_switch" if check_bounds else "local_remove_check_parameter"
+    return list(rewrite_graph(outputs, include=("canonicalize", rule)))
 
 
-def _distributed_op(terms, batch):
+def _jax_compiles(outputs):
+    """Whether the ranks compile ``outputs`` with JAX: GPU ranks, and CPU ranks
+    where JAX is Synkhronos' default linker, for a graph PyTensor's JAX backend
+    converts (a batched pass pays only there: see the docs page "PyMC")."""
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.graph.traversal import graph_inputs
+
+    device = _runtime.require().device
+    if device.name != "gpu" and not device.jax_default:
+        return False
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    inputs = [v for v in graph_inputs(outputs) if not isinstance(v, Constant)]
+    try:
+        jax_funcify(FunctionGraph(inputs, outputs, clone=True))
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _distributed_op(terms, batch, check_bounds):
     """Build, distribute and fill the Synkhronos function of ``terms``; the Op
     that calls it."""
     params, data, row_shareds, total, grads = worker_graph(terms)
-    batched_params, outputs = _batched(params, [total] + grads) if batch else (params, [total] + grads)
+    single = _parameter_checks([total] + grads, check_bounds)
+    if batch is None:
+        batch = _jax_compiles(single)
+    batched_params, outputs = _batched(params, single) if batch else (params, single)
     try:
         _check_sendable(terms, outputs)
     except ValueError:
         if batched_params is params:
             raise
-        batched_params, outputs = params, [total] + grads  # a part that pickles only unbatched
+        batched_params, outputs = params, single  # a part that pickles only unbatched
         _check_sendable(terms, outputs)
     batched = batched_params is not params
     fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=batched_params + data,
-                            name="pymc rows of %s" % terms.names(), **_linker_of_pymc())
+                            name="pymc rows of %s" % terms.names())
     _api.distribute()
     _coll.scatter(row_shareds, terms.row_values)
     continuous = [_continuous(p) for p in params] + [False] * len(data)

@@ -88,9 +88,10 @@ class Service:
                     if not conn.poll(_POLL_S):
                         continue
                     key, args = conn.recv()
+                    reply = self._run(key, args)
+                    conn.send(reply)
                 except (EOFError, OSError):  # the child ended
                     return
-                conn.send(self._run(key, args))
 
     def _run(self, key, args):
         try:

@@ -11,34 +11,26 @@ key (``multiprocessing.connection``'s challenge), which the children inherit or
 receive in the pickled copy.
 """
 
-import logging
+import collections
 import os
+import pickle
 import shutil
 import socket
 import tempfile
 import threading
-import traceback
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener
 
-__all__ = ["Service", "Route", "call"]
+from ._protocol import failure
 
-logger = logging.getLogger(__name__)
+__all__ = ["Service", "Route", "call"]
 
 _POLL_S = 0.5  # how often a connection's thread looks whether the service closed
 
 
-class Route:
-    """Where a child sends its requests for one handler: the service's address
-    and key, and the handler's number.  Pickles (plain data)."""
-
-    __slots__ = ("address", "authkey", "key", "owner")
-
-    def __init__(self, address, authkey, key, owner):
-        self.address, self.authkey, self.key, self.owner = address, authkey, key, owner
-
-    def __reduce__(self):
-        return Route, (self.address, self.authkey, self.key, self.owner)
+# Where a child sends its requests for one handler: the service's address and key,
+# the handler's number, and the pid of the session's process.  Plain data: it pickles.
+Route = collections.namedtuple("Route", "address authkey key owner")
 
 
 class Service:
@@ -120,14 +112,12 @@ class Service:
 
 def _portable(exc):
     """``exc`` if it survives pickling, else a RuntimeError with its text and traceback."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return RuntimeError("%s: %s\n(in the session's process)\n%s" % (type(exc).__name__, exc, text))
+        _, (name, message, tb) = failure(exc)
+        return RuntimeError("%s: %s\n(in the session's process)\n%s" % (name, message, tb))
 
 
 _connections = {}  # (pid, address) -> (Connection, lock): one connection per process and service

@@ -3,6 +3,8 @@ log-density and gradient equal the original's at random points (split at
 several row counts, uneven ones included), the original is left as it was,
 PyMC's own functions run on it, and terms that cannot be split are refused."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -18,19 +20,27 @@ N_RANKS = 2
 RTOL = 1e-9
 
 
-@pytest.fixture(scope="module")
-def session():
-    """A session in float64, PyMC's own precision (PyMC users do not set floatX:
-    PyTensor's default is float64, which fork() keeps).  The flag is put back
-    afterwards, as another module may run next in this process."""
+@contextlib.contextmanager
+def float64_session(n, use_gpu=False):
+    """A session of ``n`` ranks in float64, PyMC's own precision (PyMC users do not
+    set floatX: PyTensor's default is float64, which fork() keeps).  The flag is
+    put back afterwards, as another module may run next in this process."""
     was = pytensor.config.floatX
     pytensor.config.floatX = "float64"
     synk.close()
-    synk.fork(N_RANKS, use_gpu=False)
-    assert pytensor.config.floatX == "float64"
-    yield
-    synk.close()
-    pytensor.config.floatX = was
+    try:
+        synk.fork(n, use_gpu=use_gpu)
+        assert pytensor.config.floatX == "float64"
+        yield
+    finally:
+        synk.close()
+        pytensor.config.floatX = was
+
+
+@pytest.fixture(scope="module")
+def session():
+    with float64_session(N_RANKS):
+        yield
 
 
 def logistic(n, seed=0):

@@ -15,9 +15,9 @@ import pytest
 
 pm = pytest.importorskip("pymc")
 
-import pytensor  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_pymc import float64_session  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos import _runtime  # noqa: E402
@@ -30,13 +30,8 @@ DRAWS = 100
 
 @pytest.fixture(scope="module")
 def session():
-    was = pytensor.config.floatX
-    pytensor.config.floatX = "float64"
-    synk.close()
-    synk.fork(2, use_gpu=False)
-    yield
-    synk.close()
-    pytensor.config.floatX = was
+    with float64_session(2):
+        yield
 
 
 def logistic(n=ROWS, p=FEATURES, seed=0):

@@ -196,18 +196,17 @@ def _replaced(outputs, replace):
     return list(clone_replace(outputs, replace, rebuild_strict=False)) if replace else list(outputs)
 
 
-def worker_graph(terms, whole=False):
+def worker_graph(terms):
     """(param inputs, data inputs, row shared variables, total log-density,
     its gradient for each continuous parameter): the graph every rank runs on
-    its rows (their shared variables empty until scattered), or with ``whole``
-    the graph of all rows in one process."""
+    its rows (their shared variables empty until scattered)."""
     import pytensor
     import pytensor.tensor as pt
 
     params = [v.type(name=v.name) for v in terms.params]
     data = [v.type(name=v.name) for v in terms.data]
     row_shareds = [
-        pytensor.shared(val if whole else np.zeros((0,) + val.shape[1:], dtype=val.dtype), borrow=True,
+        pytensor.shared(np.zeros((0,) + val.shape[1:], dtype=val.dtype), borrow=True,
                         name="rows:%s" % (v.name or "data"), shape=(None,) + val.shape[1:])
         for v, val in zip(terms.row_vars, terms.row_values)
     ]

@@ -7,11 +7,9 @@ import pytest
 
 pm = pytest.importorskip("pymc")
 
-import pytensor  # noqa: E402
 import test_pymc  # noqa: E402
-from test_pymc import assert_same_density, hierarchical, logistic  # noqa: E402
+from test_pymc import assert_same_density, float64_session, hierarchical, logistic  # noqa: E402
 
-import synkhronos as synk  # noqa: E402
 from synkhronos.pymc import data_parallel  # noqa: E402
 
 pytestmark = pytest.mark.gpus(1)
@@ -20,13 +18,8 @@ pytestmark = pytest.mark.gpus(1)
 @pytest.fixture(scope="module")
 def session():
     """One GPU rank in float64, as a PyMC user has it (floatX put back after)."""
-    was = pytensor.config.floatX
-    pytensor.config.floatX = "float64"
-    synk.close()
-    synk.fork(1, use_gpu=True)
-    yield
-    synk.close()
-    pytensor.config.floatX = was
+    with float64_session(1, use_gpu=True):
+        yield
 
 
 @pytest.mark.parametrize("make, n", [(logistic, 100_003), (hierarchical, 20_000)])

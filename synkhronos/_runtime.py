@@ -71,20 +71,31 @@ def require(distributed=None):
     return rt
 
 
-@contextlib.contextmanager
-def locked():
-    """Hold the live session's lock (none when there is no session, or in a
-    forked child, where the calls inside raise the rule).  A session that closed
-    and was replaced while this thread waited is not the one to hold."""
+def _hold():
+    """``(session, held)``: the live session with its lock taken (``held``; the
+    caller releases it), or, unheld, no session or a forked child's copy, whose
+    calls raise the rule.  A session that closed and was replaced while this
+    thread waited is not the one to hold."""
     while True:
         rt = _runtime
         if rt is None or rt.foreign:
-            yield rt
-            return
-        with rt.lock:
-            if _runtime is rt:
-                yield rt
-                return
+            return rt, False
+        rt.lock.acquire()
+        if _runtime is rt:
+            return rt, True
+        rt.lock.release()
+
+
+@contextlib.contextmanager
+def locked():
+    """Hold the live session's lock (none when there is no session, or in a
+    forked child, where the calls inside raise the rule); yields the session."""
+    rt, held = _hold()
+    try:
+        yield rt
+    finally:
+        if held:
+            rt.lock.release()
 
 
 def action(name):
@@ -95,14 +106,19 @@ def action(name):
     def decorate(fn):
         @functools.wraps(fn)
         def named(*args, **kwargs):
-            with locked() as rt:
-                if rt is None or rt.foreign or rt.dispatcher.action is not None:
+            # (``_hold`` rather than ``locked()``: a generator per collective costs microseconds)
+            rt, held = _hold()
+            try:
+                if not held or rt.dispatcher.action is not None:
                     return fn(*args, **kwargs)
                 rt.dispatcher.action = name
                 try:
                     return fn(*args, **kwargs)
                 finally:
                     rt.dispatcher.action = None
+            finally:
+                if held:
+                    rt.lock.release()
 
         return named
 

@@ -245,6 +245,11 @@ def distribute():
     ------
     RuntimeError
         If not forked.
+    TypeError
+        If a function cannot be pickled (an Op holding a lock, say; what the
+        standard pickler cannot copy goes by cloudpickle).  The error names the
+        function and its Op.  Every other function is distributed; the refused
+        one raises the same error when called.
     WorkerError
         If a worker could not load the functions (say, a custom Op whose
         module it cannot import).  The session is closed then, since its ranks

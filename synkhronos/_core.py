@@ -266,7 +266,7 @@ def reseed_generators(shareds, cores, rank, known=()):
     makes it from the variable when it compiles the function."""
     cells, jax_copies = [var.container.storage for var in shareds], []
     done = {id(var.container.storage) for var in known}  # reseeded when they were distributed
-    for core in cores:
+    for core in filter(None, cores):  # (None: a function distribute() could not send)
         for fn in core._variants.values():
             for inp, container in zip(fn.maker.inputs, fn.input_storage):
                 if isinstance(container.storage[0], dict):

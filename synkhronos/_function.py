@@ -326,6 +326,9 @@ class Function:
         if not rt.registry.is_distributed(self._core.ID):
             raise RuntimeError("this function was built after the last synkhronos.distribute(): "
                                "call distribute() again to send it to the workers")
+        refusal = rt.registry.refusal(self._core.ID)
+        if refusal is not None:
+            raise TypeError(str(refusal)) from refusal.__cause__
         compiled = self._core.compiled(*key)
         notice = _log.compile_notice(self._what, compiled, rt.n_parallel)
         failed = True

@@ -76,7 +76,8 @@ class ConcreteCheck(Op):
     def perform(self, node, inputs, outputs):
         self.op.perform(self.op.make_node(*node.inputs), inputs, outputs)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, *args):  # PyTensor 3.3: (node, shapes); before: (fgraph, node, shapes)
+        shapes = args[-1]
         return [shapes[0]]
 
     def __str__(self):

@@ -129,7 +129,8 @@ class _Storage(Op):
     def make_node(self, x):
         return Apply(self, [x], [x.type()])
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, *args):  # PyTensor 3.3: (node, shapes); before: (fgraph, node, shapes)
+        shapes = args[-1]
         return [shapes[0]]
 
     def __str__(self):

@@ -1,7 +1,10 @@
 """Function cores travel to the workers pickled: compiled functions are linked
 again there (``_load_function``), shared variables the workers already hold go
 as references into their list, and ``OpFromGraph`` Ops go without the gradient
-caches that pickle cannot copy."""
+caches that pickle cannot copy.  What the standard pickler cannot copy (the
+closures PyTensor itself keeps, as in ``Blockwise``) goes by cloudpickle; a
+function that neither can copy is refused alone (``sendable``), and the error
+names its Op."""
 
 import copyreg
 import io
@@ -9,38 +12,74 @@ import pickle
 
 from ._warnings import compiler_warnings_hidden
 
-__all__ = ["dumps_cores", "loads_cores", "unpicklable_error"]
+__all__ = ["dumps_cores", "loads_cores", "sendable", "unpicklable_error"]
 
 
 def dumps_cores(obj, known=()):
     """``pickle.dumps`` of function cores, whose compiled functions load with
-    ``_load_function``.
+    ``_load_function``; by cloudpickle where the standard pickler fails.
 
     ``known`` are the shared variables the workers already hold, by index: a
     new function that uses one must use the worker's variable, not a copy, so
     each is pickled as a reference (its variable, container and value cell) that
     ``loads_cores`` resolves against the worker's list."""
+    try:
+        return _dumps(_KnownPickler, obj, known)
+    except Exception:  # pickle raises TypeError, AttributeError, PicklingError, ...
+        pass
+    return _dumps(_cloud_pickler(), obj, known)
+
+
+def _dumps(pickler, obj, known):
     buf = io.BytesIO()
-    _KnownPickler(buf, known).dump(obj)
+    pickler(buf, known).dump(obj)
     return buf.getvalue()
 
 
-def unpicklable_error(functions, shareds, known, exc):
-    """A TypeError that names the first of ``functions`` (or shared variable)
-    that ``dumps_cores`` cannot pickle, and says why; ``exc`` is pickle's error."""
-    what = [(f._what, f._core) for f in functions] + [("shared variable %r" % (v,), v) for v in shareds]
-    culprit = "the functions"
-    for label, obj in what:
+def sendable(functions, known):
+    """``(cores, refused)``: the cores of ``functions``, None in place of each
+    that cannot be pickled, and for those the TypeError their calls raise (by
+    function index).  Each core is tried alone, with ``known`` as references."""
+    cores, refused = [], {}
+    for f in functions:
         try:
-            dumps_cores(obj, known)
-        except Exception:
-            culprit = label
-            break
-    return TypeError(
-        "distribute(): %s cannot be sent to the workers, because pickle cannot copy part of its graph "
-        "(%s: %s). Every Op in a distributed graph must pickle: an Op that holds a lambda or a "
-        "function defined inside another function does not; define it at module level"
-        % (culprit, type(exc).__name__, exc))
+            dumps_cores(f._core, known)
+        except Exception as exc:
+            refused[f._core.ID] = unpicklable_error(f, exc)
+            cores.append(None)
+        else:
+            cores.append(f._core)
+    return cores, refused
+
+
+def unpicklable_error(function, exc):
+    """The TypeError for ``function``, which ``dumps_cores`` cannot pickle
+    (``exc``): it names the first Op of its graph that cannot be pickled, and
+    that Op's module."""
+    op = _unpicklable_op(function._core)
+    part = "part of its graph" if op is None else "its Op %s (class %s of module %s)" % (
+        op, type(op).__qualname__, type(op).__module__)
+    error = TypeError(
+        "distribute(): %s cannot be sent to the workers: neither pickle nor cloudpickle can copy %s "
+        "(%s: %s). Every Op in a distributed graph must pickle; the session's other functions were "
+        "distributed, and this one raises this error when called"
+        % (function._what, part, type(exc).__name__, exc))
+    error.__cause__ = exc
+    return error
+
+
+def _unpicklable_op(core):
+    seen = set()
+    for fn in core.compiled_variants().values():
+        for node in fn.maker.fgraph.toposort():
+            if id(node.op) in seen:
+                continue
+            seen.add(id(node.op))
+            try:
+                dumps_cores(node.op)
+            except Exception:
+                return node.op
+    return None
 
 
 def loads_cores(blob, known):
@@ -56,25 +95,58 @@ def _parts(var):
     return var, var.container, var.container.storage
 
 
+def _references(known):
+    return {id(obj): (part, i) for i, var in enumerate(known) for part, obj in zip(_PARTS, _parts(var))}
+
+
+def _reduced(obj):
+    """How a compiled function or an ``OpFromGraph`` travels; NotImplemented for
+    anything else (the pickler's own way)."""
+    from pytensor.compile import Function
+    from pytensor.compile.builders import OpFromGraph
+
+    if type(obj) is Function:
+        return _reduce_function(obj)
+    if isinstance(obj, OpFromGraph):
+        return _reduce_op_from_graph(obj)
+    return NotImplemented
+
+
 class _KnownPickler(pickle.Pickler):
     def __init__(self, buf, known):
-        from pytensor.compile import Function
-        from pytensor.compile.builders import OpFromGraph
-
         super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        self._refs = {id(obj): (part, i) for i, var in enumerate(known)
-                      for part, obj in zip(_PARTS, _parts(var))}
-        self._function, self._op_from_graph = Function, OpFromGraph
+        self._refs = _references(known)
 
     def persistent_id(self, obj):
         return self._refs.get(id(obj)) if self._refs else None
 
     def reducer_override(self, obj):
-        if type(obj) is self._function:
-            return _reduce_function(obj)
-        if isinstance(obj, self._op_from_graph):
-            return _reduce_op_from_graph(obj)
-        return NotImplemented
+        return _reduced(obj)
+
+
+_CLOUD = []
+
+
+def _cloud_pickler():
+    """``_KnownPickler`` on cloudpickle's pickler, which copies local functions
+    and closures by value (made once, when first needed)."""
+    if not _CLOUD:
+        import cloudpickle
+
+        class _KnownCloudPickler(cloudpickle.Pickler):
+            def __init__(self, buf, known):
+                super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
+                self._refs = _references(known)
+
+            def persistent_id(self, obj):
+                return self._refs.get(id(obj)) if self._refs else None
+
+            def reducer_override(self, obj):
+                reduced = _reduced(obj)
+                return super().reducer_override(obj) if reduced is NotImplemented else reduced
+
+        _CLOUD.append(_KnownCloudPickler)
+    return _CLOUD[0]
 
 
 def _reduce_op_from_graph(op):

@@ -86,6 +86,8 @@ def counts_by_variant(cores):
     by ``(function index, variant key)``; Numba functions only."""
     counts = {}
     for i, core in enumerate(cores):
+        if core is None:  # a function distribute() could not send
+            continue
         for key, fn in core.compiled_variants().items():
             got = compile_counts(fn)
             if got is not None:

@@ -23,6 +23,7 @@ class Registry:
         # registered (distribute() sends only those added since).
         self.n_distributed_functions = 0
         self.n_distributed_shareds = 0
+        self._refused = {}  # function index -> why distribute() could not send it
 
     # ------------------------------------------------------------ functions
     def add_function(self, fn, shareds):
@@ -45,16 +46,24 @@ class Registry:
         return list(self._functions)
 
     def is_distributed(self, index):
-        """Whether the workers hold function ``index``."""
+        """Whether the workers hold function ``index`` (or refused it)."""
         return index < self.n_distributed_functions
+
+    def refusal(self, index):
+        """The error a call of function ``index`` raises because it could not be
+        sent to the workers, or None."""
+        return self._refused.get(index)
 
     def undistributed(self):
         """(functions, shared variables) registered since the last distribution."""
         return (self._functions[self.n_distributed_functions:],
                 self._shareds[self.n_distributed_shareds:])
 
-    def mark_distributed(self):
-        """The workers now hold every registered function and shared variable."""
+    def mark_distributed(self, refused=None):
+        """The workers now hold every registered function and shared variable,
+        but those of ``refused``: function index -> the error their calls raise
+        (they could not be sent; the workers hold nothing in their place)."""
+        self._refused.update(refused or {})
         self.n_distributed_functions = len(self._functions)
         self.n_distributed_shareds = len(self._shareds)
 

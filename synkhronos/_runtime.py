@@ -31,7 +31,7 @@ from . import _launch, _log, _shmem
 from ._core import reseed_generators, uses_jax
 from ._dispatch import Dispatcher
 from ._exchange import ExchangeBuffer
-from ._pickling import dumps_cores, unpicklable_error
+from ._pickling import dumps_cores, sendable
 from ._precompile import compile_shares, graph_size, is_numba, precompile
 from ._protocol import CommInit, Distribute, spin_seconds
 from ._publish import HostPublisher
@@ -278,15 +278,17 @@ class Runtime:
         t0 = time.monotonic()
         functions, shareds = self.registry.undistributed()
         known = self.registry.shareds[:self.registry.n_distributed_shareds]
-        cores = [f._core for f in functions]
+        cores, refused = [f._core for f in functions], {}
         try:
             payload = dumps_cores((cores, shareds), known)
-        except Exception as exc:  # pickle raises TypeError, AttributeError, PicklingError, ...
-            raise unpicklable_error(functions, shareds, known, exc) from exc
+        except Exception:  # pickle raises TypeError, AttributeError, PicklingError, ...
+            # The rest go; each function that cannot is refused alone (a None in its place).
+            cores, refused = sendable(functions, known)
+            payload = dumps_cores((cores, shareds), known)
         logger.debug("distribute: %d functions and %d shared variables pickled (%.1f MB) in %.2f s",
                      len(cores), len(shareds), len(payload) / 1e6, time.monotonic() - t0)
 
-        jit = [i for i, c in enumerate(cores) if is_numba(c.plain)]
+        jit = [i for i, c in enumerate(cores) if c is not None and is_numba(c.plain)]
         shares = compile_shares({i: graph_size(cores[i].plain) for i in jit}, self._hosts())
 
         def local():  # (the master's JAX pool started with its first JAX function)
@@ -298,7 +300,8 @@ class Runtime:
         notice = self._compile_notice([cores[i].plain for i in jit])
         try:
             flags = _launch.pytensor_flags(_launch.SYNCED_FLAGS, changed_only=False)
-            self.dispatcher.request(Distribute(flags, payload, shares, uses_jax(cores)), local=local)
+            self.dispatcher.request(Distribute(flags, payload, shares, uses_jax([c for c in cores if c])),
+                                    local=local)
         except Exception:
             if notice is not None:
                 notice.close(failed=True)
@@ -313,8 +316,11 @@ class Runtime:
         if self.device.has_collectives:
             self.device.numpy_interface(shareds, on_set=self.registry.forget_shape,
                                         before_get=self._settle_if_open)
-        self.registry.mark_distributed()
+        self.registry.mark_distributed(refused)
         self.distributed = True
+        if refused:
+            raise next(iter(refused.values())) if len(refused) == 1 else TypeError(
+                "\n".join(str(e) for e in refused.values()))
 
     def _compile_notice(self, jit):
         """A started notice for the Numba functions ``jit`` that ``distribute()``

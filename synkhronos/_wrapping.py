@@ -30,6 +30,7 @@ class WrappingOp(Op):
         """The node of the wrapped op on the same inputs."""
         return self.op.make_node(*node.inputs)
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, *args):  # PyTensor 3.3: (node, shapes); before: (fgraph, node, shapes)
         """The wrapped op's shapes."""
-        return self.op.infer_shape(fgraph, self.inner_node(node), shapes)
+        *fgraph, node, shapes = args
+        return self.op.infer_shape(*fgraph, self.inner_node(node), shapes)

@@ -1,6 +1,8 @@
 """Graphs as users' model libraries build them: layers as ``OpFromGraph``
 subclasses (pytensor-ml's ``LayerOp`` is one) whose gradients were taken, inputs
-with static shapes, and Ops that pickle cannot copy."""
+with static shapes, Ops that only cloudpickle can copy, and one that nothing can."""
+
+import threading
 
 import numpy as np
 import pytensor
@@ -71,7 +73,7 @@ def test_an_input_with_a_fixed_row_count_is_refused_at_function(session):
 
 
 class _Scaled(Op):
-    """An Op holding a lambda: pickle cannot copy it."""
+    """An Op holding a lambda: the standard pickler cannot copy it, cloudpickle can."""
 
     def __init__(self):
         self.fn = lambda v: 2 * v
@@ -84,11 +86,46 @@ class _Scaled(Op):
         outputs[0][0] = self.fn(inputs[0])
 
 
-def test_an_op_that_cannot_pickle_is_named_at_distribute(session):
+class _Locked(_Scaled):
+    """An Op holding a lock: neither pickler can copy it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+def test_an_op_holding_a_lambda_travels_by_cloudpickle(session):
     x = pt.vector("x")
     f = synk.function([x], outputs=(_Scaled()(x).sum(), "sum"), name="scaled")
-    with pytest.raises(TypeError, match=r"distribute\(\): function 'scaled' cannot be sent to the "
-                                        r"workers.*lambda.*module level"):
+    synk.distribute()
+    assert f(synk.data(np.arange(7.0))) == 42.0
+
+
+def test_a_blockwise_graph_travels(session):
+    """Batched linear algebra: PyTensor's Blockwise keeps a closure once compiled."""
+    a, b = pt.tensor3("a"), pt.matrix("b")
+    f = synk.function([a, b], outputs=(pt.linalg.solve(a, b[..., None])[..., 0].sum(axis=0), "sum"))
+    synk.distribute()
+    rng = np.random.default_rng(3)
+    a_np = rng.standard_normal((9, 3, 3)) + 4 * np.eye(3)
+    b_np = rng.standard_normal((9, 3))
+    want = np.linalg.solve(a_np, b_np[..., None])[..., 0].sum(axis=0)
+    np.testing.assert_allclose(f(synk.data(a_np), synk.data(b_np)), want, rtol=1e-12)
+
+
+def test_an_op_that_cannot_pickle_is_named_and_the_session_goes_on(session):
+    x = pt.vector("x")
+    bad = synk.function([x], outputs=(_Locked()(x).sum(), "sum"), name="locked")
+    good = synk.function([x], outputs=(x.sum(), "sum"), name="plain")
+    with pytest.raises(TypeError, match=r"distribute\(\): function 'locked' cannot be sent to the workers: "
+                                        r"neither pickle nor cloudpickle can copy its Op .*class _Locked of "
+                                        r"module test_graph_libraries.*lock"):
         synk.distribute()
-    with pytest.raises(RuntimeError, match="distribute"):
-        f(synk.data(np.ones(4)))
+    assert good(synk.data(np.arange(5.0))) == 10.0  # distributed beside it
+    for _ in range(2):  # every call names the cause
+        with pytest.raises(TypeError, match="'locked' cannot be sent.*lock") as info:
+            bad(synk.data(np.ones(4)))
+        assert "lock" in str(info.value.__cause__)
+    later = synk.function([x], outputs=(x.max(), "max"), name="later")
+    synk.distribute()  # not poisoned
+    assert later(synk.data(np.arange(5.0))) == 4.0

@@ -297,43 +297,10 @@ def custom_logp():
     return m
 
 
-def censored():
-    x, y = _kinds_data()
-    with pm.Model() as m:
-        b = pm.Normal("b")
-        s = pm.HalfNormal("s")
-        pm.Censored("y", pm.Normal.dist(b * x, s), lower=-1.0, upper=3.0, observed=y)
-    return m
-
-
-def custom_dist():
-    _, y = _kinds_data()
-
-    def dist(mu, sigma, size):
-        return mu + sigma * pm.Normal.dist(size=size)
-
-    with pm.Model() as m:
-        mu = pm.Normal("mu")
-        s = pm.HalfNormal("s")
-        pm.CustomDist("y", mu, s, dist=dist, observed=y)
-    return m
-
-
 @pytest.mark.parametrize("make", [normal_mixture, mixture, custom_logp], ids=lambda f: f.__name__)
 def test_mixtures_and_custom_logps_split(session, make):
     """Likelihoods that are PyMC symbolic variables (mixtures) or user log-densities."""
     model = make()
-    assert_same_density(model, data_parallel(model))
-
-
-@pytest.mark.parametrize("make, match", [
-    (censored, "'y': its log-density graph cannot be sent to the ranks"),
-    (custom_dist, "'y': PyMC gives no log-density for it made again"),
-], ids=["censored", "custom_dist"])
-def test_what_cannot_be_split_is_named_and_the_session_goes_on(session, make, match):
-    with pytest.raises(ValueError, match=match):
-        data_parallel(make())
-    model = logistic(101)  # nothing of the refused model was left registered
     assert_same_density(model, data_parallel(model))
 
 

@@ -12,10 +12,9 @@ gone.  Each Op here has three implementations of the same computation:
 * JAX (``jax.lax.conv_general_dilated`` / ``reduce_window``, gradients by
   ``jax.vjp``), registered when JAX is installed, for GPU workers.
 
-Layouts: inputs NCHW, filters OIHW.  Convolution is cross-correlation, as in
-Theano and cuDNN.  Grouped convolution (``groups``, as PyTorch's and JAX's
-``feature_group_count``) runs each group's channels through the same kernels.
-Average pooling counts padding as zeros.
+Layouts: inputs NCHW, filters OIHW.  Convolution is cross-correlation, as in Theano
+and cuDNN.  Grouped convolution (``groups``, PyTorch's and JAX's ``feature_group_count``)
+runs each group's channels through the same kernels.  Average pooling counts padding as zeros.
 """
 
 import zlib
@@ -60,7 +59,8 @@ def _as4d(x, argname):
 
 class _PullbackOp(Op):
     """An Op whose gradient is its ``pullback`` on every PyTensor we support:
-    PyTensor 3 asks ``pullback``, PyTensor 2.x (which PyMC pins) asks ``L_op``."""
+    PyTensor 3 asks ``pullback``, PyTensor 2.x ``L_op``.  ``infer_shape(*args)``
+    takes the shapes last (PyTensor 3.3 no longer passes ``fgraph``)."""
 
     def L_op(self, inputs, outputs, output_grads):
         return self.pullback(inputs, outputs, output_grads)
@@ -94,9 +94,9 @@ class Conv2d(_ConvBase):
         x, w = inputs
         outputs[0][0] = numpy_kernels.conv2d_forward(x, w, *self.args())
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, *args):
         """The output shape, from the input and filter shapes."""
-        (n, _, h, wd), (o, _, kh, kw) = shapes
+        (n, _, h, wd), (o, _, kh, kw) = args[-1]
         (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
         return [(n, o, conv_out_size(h, kh, sh, ph, dh), conv_out_size(wd, kw, sw, pw, dw))]
 
@@ -118,9 +118,9 @@ class Conv2dGradInput(_ConvBase):
     def perform(self, node, inputs, outputs):
         outputs[0][0] = numpy_kernels.conv2d_grad_input(*inputs, *self.args())
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, *args):
         """The input's shape."""
-        return [shapes[0]]
+        return [args[-1][0]]
 
 
 class Conv2dGradWeight(_ConvBase):
@@ -133,9 +133,9 @@ class Conv2dGradWeight(_ConvBase):
     def perform(self, node, inputs, outputs):
         outputs[0][0] = numpy_kernels.conv2d_grad_weight(*inputs, *self.args())
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, *args):
         """The filters' shape."""
-        return [shapes[1]]
+        return [args[-1][1]]
 
 
 class _PoolBase(_PullbackOp):
@@ -162,9 +162,9 @@ class Pool2d(_PoolBase):
     def perform(self, node, inputs, outputs):
         outputs[0][0] = numpy_kernels.pool2d_forward(inputs[0], *self.args())
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, *args):
         """The pooled shape, from the input shape."""
-        n, c, h, w = shapes[0]
+        n, c, h, w = args[-1][0]
         (kh, kw), (sh, sw), (ph, pw) = self.ws, self.stride, self.padding
         return [(n, c, conv_out_size(h, kh, sh, ph, 1), conv_out_size(w, kw, sw, pw, 1))]
 
@@ -183,9 +183,9 @@ class Pool2dGrad(_PoolBase):
     def perform(self, node, inputs, outputs):
         outputs[0][0] = numpy_kernels.pool2d_grad(*inputs, *self.args())
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, *args):
         """The input's shape."""
-        return [shapes[0]]
+        return [args[-1][0]]
 
 
 # ---------------------------------------------------------------------- builders

@@ -10,8 +10,9 @@ import numpy as np
 from .. import _api, _data, _function, _runtime
 from .. import _collectives as _coll
 from .._plan import split_bounds
-from ._op import Evaluator, RowsLogp, refuse_jax
-from ._terms import _continuous, check_rowwise, find_terms, row_count, worker_graph
+from ._op import Evaluator, RowsLogp, register_backends
+from ._potentials import row_potentials
+from ._terms import _continuous, check_rowwise, find_terms, row_count, rows_of, worker_graph
 
 __all__ = ["data_parallel"]
 
@@ -88,7 +89,7 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     chosen = _observed(model, observed)
     n_rows = row_count(model, chosen) if rows is None else _check_rows(rows)
     if observed is None:
-        chosen = [rv for rv in chosen if _rows_of(model, rv) == n_rows]
+        chosen = [rv for rv in chosen if rows_of(model, rv) == n_rows]
     with _FORKING:  # two threads' first data_parallel: one fork
         if _runtime.current() is None:
             _api.fork()
@@ -102,25 +103,22 @@ def data_parallel(model, observed=None, rows=None, batch=None):
 
 def _observed(model, observed):
     if observed is None:
-        if not model.observed_RVs:
-            raise ValueError("model has no observed variables: nothing to split")
-        return list(model.observed_RVs)
+        if model.observed_RVs:
+            return list(model.observed_RVs)
+        if row_potentials(model):
+            return row_potentials(model)
+        raise ValueError("model has no observed variables, nor a potential that sums over rows of data: "
+                         "nothing to split")
     if isinstance(observed, str) or not isinstance(observed, list | tuple):
         raise TypeError("observed must be a list of names or variables, got %r" % (observed,))
     out = []
     for v in observed:
         rv = model[v] if isinstance(v, str) and v in model.named_vars else v
-        if rv not in model.observed_RVs:
-            raise ValueError("observed: %r is not an observed variable of the model (those are %s)"
-                             % (v, [r.name for r in model.observed_RVs]))
+        if rv not in model.observed_RVs and rv not in model.potentials:
+            raise ValueError("observed: %r is not an observed variable or potential of the model (those are "
+                             "%s)" % (v, [r.name for r in model.observed_RVs + model.potentials]))
         out.append(rv)
     return out
-
-
-def _rows_of(model, rv):
-    from ._terms import _leading
-
-    return _leading(model.rvs_to_values[rv])
 
 
 def _check_rows(rows):
@@ -132,11 +130,18 @@ def _check_rows(rows):
 def _parameter_checks(outputs, check_bounds):
     """``outputs`` with PyMC's parameter checks as PyMC compiles them: a log-density
     of -inf where a parameter is out of its domain (``model.check_bounds=False``:
-    no check), rather than an error raised on a rank, or no check under JAX."""
-    from pytensor.graph.rewriting.utils import rewrite_graph
+    no check), rather than an error raised on a rank, or no check under JAX.
 
-    rule = "local_check_parameter_to_ninf_switch" if check_bounds else "local_remove_check_parameter"
-    return list(rewrite_graph(outputs, include=("canonicalize", rule)))
+    PyMC's rule alone, not the ``canonicalize`` pass it sits in: that pass ran
+    for minutes on the gradient of a censored likelihood (PyTensor 2.38)."""
+    from pymc.logprob.utils import local_check_parameter_to_ninf_switch, local_remove_check_parameter
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.graph.rewriting.basic import in2out
+
+    rule = local_check_parameter_to_ninf_switch if check_bounds else local_remove_check_parameter
+    fgraph = FunctionGraph(outputs=outputs, clone=False)
+    in2out(rule).rewrite(fgraph)
+    return list(fgraph.outputs)
 
 
 def _jax_compiles(outputs):
@@ -178,14 +183,27 @@ def _distributed_op(terms, batch, check_bounds):
     batched = batched_params is not params
     fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=batched_params + data,
                             name="pymc rows of %s" % terms.names())
-    _api.distribute()
+    _distribute(fn, terms)
     _coll.scatter(row_shareds, terms.row_values)
     continuous = [_continuous(p) for p in params] + [False] * len(data)
     datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in batched_params + data]
     evaluator = Evaluator(fn, datas, len(params), batched)
     route = _runtime.require().service.route(evaluator.evaluate)
-    refuse_jax()
+    register_backends()
     return RowsLogp(evaluator, route, terms.names(), total.dtype, continuous)
+
+
+def _distribute(fn, terms):
+    """``distribute()``, raising ValueError if ``fn`` (the terms' function) could
+    not be sent; if another function of the session could not, its calls raise."""
+    try:
+        _api.distribute()
+    except TypeError as exc:
+        if _runtime.require().registry.refusal(fn._core.ID) is None:
+            logger.warning("synkhronos.pymc: %s", exc)
+            return
+        raise ValueError("observed %s: its log-density graph cannot be sent to the ranks (%s); leave it "
+                         "out of observed= to compute it in this process" % (terms.names(), exc)) from exc
 
 
 def _batched(params, outputs):
@@ -208,7 +226,7 @@ def _batched(params, outputs):
         why = "%s: %s" % (type(exc).__name__, exc)
     else:
         # An Op with no rule for a leading axis stays a Blockwise, which loops
-        # over the points one by one (and does not pickle once compiled).
+        # over the points one by one: no faster than one point a call.
         looped = sorted({str(n.op.core_op) for n in apply_ancestors(vectorized)
                          if isinstance(n.op, Blockwise)})
         if not looped:
@@ -220,17 +238,29 @@ def _batched(params, outputs):
 
 def _check_sendable(terms, outputs):
     """Raise ValueError, before any function is registered, if the ranks' graph
-    cannot be pickled to the workers (PyMC's measurable transforms, as in
-    ``pm.Censored`` and mixtures, hold lambdas)."""
+    cannot be pickled to the workers, by pickle or cloudpickle (an Op holding a
+    lock, say; the lambdas of PyMC's measurable transforms go by cloudpickle)."""
     from .._pickling import dumps_cores
 
     try:
         dumps_cores(outputs)
     except Exception as exc:
         raise ValueError(
-            "observed %s: its log-density graph cannot be sent to the ranks (pickle: %s: %s); "
-            "leave it out of observed= to compute it in this process"
+            "observed %s: its log-density graph cannot be sent to the ranks (pickle and cloudpickle: "
+            "%s: %s); leave it out of observed= to compute it in this process"
             % (terms.names(), type(exc).__name__, exc)) from exc
+
+
+def _potential(model_potential, value, name):
+    """PyMC's graph of a potential named ``name``: PyMC 6 takes the name as an
+    argument, PyMC 5's ``model_potential`` is an Op and takes it from the output."""
+    from pytensor.graph.op import Op
+
+    if isinstance(model_potential, Op):
+        potential = model_potential(value)
+        potential.name = name
+        return potential
+    return model_potential(value, name)
 
 
 def _with_op(model, terms, op):
@@ -242,14 +272,16 @@ def _with_op(model, terms, op):
     fgraph, memo = fgraph_from_model(model)
     dropped = {memo[rv] for rv in terms.observed}
     for var in dropped:
-        users = [node for node, _ in fgraph.clients[var] if node != "output" and
-                 getattr(node, "op", None).__class__.__name__ != "Output"]
-        if users:
-            raise ValueError("observed variable %r is used by other variables of the model, so its "
-                             "term cannot be taken out to be split" % var.name)
+        if len(var.owner.inputs) < 2:  # a potential: nothing reads it
+            continue
+        # Other variables (the whole of a variable with imputed values, say)
+        # read its observed value, as they do in PyMC's own log-density.
+        value = var.owner.inputs[1]
+        for node, i in list(fgraph.clients[var]):
+            if node != "output" and getattr(node, "op", None).__class__.__name__ != "Output":
+                fgraph.change_node_input(node, i, value, reason="synkhronos.pymc")
     inputs = [memo.get(v, v) for v in terms.params + terms.data]
-    potential = model_potential(op(*inputs)[0])
-    potential.name = "synkhronos_rows"
+    potential = _potential(model_potential, op(*inputs)[0], "synkhronos_rows")
     outputs = [o for o in fgraph.outputs if o not in dropped] + [potential]
     new = FunctionGraph(outputs=outputs, clone=False)
     new._coords = fgraph._coords

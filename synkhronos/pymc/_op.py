@@ -12,6 +12,7 @@ Who evaluates it, and how:
 """
 
 import os
+import warnings
 
 import numpy as np
 from pytensor.graph.basic import Apply
@@ -129,6 +130,10 @@ class RowsLogp(Op):
         return _service.call(self.route, [np.asarray(x) for x in inputs])
 
     def L_op(self, inputs, outputs, output_grads):
+        # PyTensor 2.x (PyMC 5) asks L_op; PyTensor 3.3 asks pullback and deprecates L_op.
+        return self.pullback(inputs, outputs, output_grads)
+
+    def pullback(self, inputs, outputs, output_grads):
         from pytensor.gradient import DisconnectedType, grad_not_implemented
 
         if any(not isinstance(g.type, DisconnectedType) for g in output_grads[1:]):
@@ -162,9 +167,11 @@ _JAX_REFUSAL = (
     "nuts_sampler='nutpie'; for numpyro or blackjax, sample the original model")
 
 
-def refuse_jax():
+def register_backends():
     """Make PyTensor's JAX backend refuse ``RowsLogp`` with the way forward
-    (instead of 'No JAX conversion for the given Op')."""
+    (instead of 'No JAX conversion for the given Op'), and its Numba backend
+    (PyTensor 3's default) call it from Numba's object mode without warning
+    that it does: a call out to the ranks is what this Op is for."""
     from pytensor.link.jax.dispatch import jax_funcify
 
     if RowsLogp in jax_funcify.registry:
@@ -173,3 +180,14 @@ def refuse_jax():
     @jax_funcify.register(RowsLogp)
     def _refused(op, **kwargs):
         raise NotImplementedError(_JAX_REFUSAL % op)
+
+    try:
+        from pytensor.link.numba.dispatch.basic import generate_fallback_impl, numba_funcify
+    except ImportError:  # no Numba
+        return
+
+    @numba_funcify.register(RowsLogp)
+    def _object_mode(op, node, storage_map=None, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Numba will use object mode", UserWarning)
+            return generate_fallback_impl(op, node, storage_map, **kwargs)

@@ -21,6 +21,12 @@ sum) fails there with an error naming it, instead of giving a wrong number.
 
 import numpy as np
 
+from ._graphs import leading as _leading
+from ._graphs import replaced as _replaced
+from ._graphs import value_of as _value_of
+from ._potentials import per_row, potential_rows
+from ._select import select_rows_in_data
+
 __all__ = ["RowTerms", "find_terms", "check_rowwise"]
 
 
@@ -33,6 +39,8 @@ class RowTerms:
         The observed random variables whose terms are split.
     params : list of Variable
         The model's free random variables those terms depend on.
+    held : list of Variable
+        The inputs that stand for them in ``logps``.
     data : list of Variable
         Shared variables without ``rows`` rows that the terms read.
     row_vars : list of Variable
@@ -43,9 +51,10 @@ class RowTerms:
         Each term's per-row log-density, in terms of the variables above.
     """
 
-    def __init__(self, observed, params, data, row_vars, row_values, logps):
+    def __init__(self, observed, params, held, data, row_vars, row_values, logps):
         self.observed = observed
         self.params = params
+        self.held = held
         self.data = data
         self.row_vars = row_vars
         self.row_values = row_values
@@ -55,27 +64,17 @@ class RowTerms:
         return ", ".join(repr(v.name) for v in self.observed)
 
 
-def _leading(var):
-    """The leading length of a shared variable's or constant's value, or None."""
-    value = _value_of(var)
-    return None if value is None or value.ndim == 0 else value.shape[0]
-
-
-def _value_of(var):
-    from pytensor.compile.sharedvalue import SharedVariable
-    from pytensor.graph.basic import Constant
-
-    if isinstance(var, SharedVariable):
-        return np.asarray(var.get_value(borrow=True))
-    if isinstance(var, Constant):
-        return np.asarray(var.data)
-    return None
+def rows_of(model, var):
+    """The rows of observed variable (or row-sum potential) ``var``, or None."""
+    if var in model.potentials:
+        return potential_rows(var)
+    return _leading(model.rvs_to_values[var])
 
 
 def row_count(model, observed):
     """The model's row count: the longest leading dimension of the observed
     values (those of ``observed``)."""
-    lengths = [_leading(model.rvs_to_values[rv]) for rv in observed]
+    lengths = [rows_of(model, rv) for rv in observed]
     lengths = [n for n in lengths if n is not None]
     if not lengths:
         raise ValueError("the model has no observed data with rows to split (observed: %s)"
@@ -91,9 +90,17 @@ def find_terms(model, observed, rows):
     from pytensor.graph.basic import Constant
 
     values = model.rvs_to_values
-    free = set(model.free_RVs)
+    # The free variables as plain inputs while PyMC derives each log-density:
+    # its rewrites of measurable variables (Censored, say) clone the random
+    # variables they meet, which would then no longer be the model's.
+    holders = {rv: rv.type(name=rv.name) for rv in model.free_RVs}
     logps, stands, stand_values = [], [], []
     for rv in observed:
+        if rv in model.potentials:
+            (lp,) = _replaced([per_row(rv)], holders)
+            _check_no_draws(lp, rv)
+            logps.append(_free_of_row_count(select_rows_in_data(lp, rows), rows))
+            continue
         value = values[rv]
         if _leading(value) != rows:
             raise ValueError("observed variable %r has %s rows, not %d like the others: it cannot be "
@@ -101,21 +108,25 @@ def find_terms(model, observed, rows):
         stand = _row_input(value, rv.name)
         stands.append(stand)
         stand_values.append(np.ascontiguousarray(_value_of(value)))
+        (held,) = _replaced([rv], holders)
         try:
-            lp = pm.logp(_sized_by(rv, stand), stand, warn_rvs=False)
+            lp = pm.logp(_sized_by(held, stand), stand, warn_rvs=False)
         except NotImplementedError as exc:
-            raise ValueError("observed variable %r: PyMC gives no log-density for it made again with "
-                             "any number of rows (%s); leave it out of observed=" % (rv.name, exc)) from exc
-        logps.append(_free_of_row_count(lp, rows))
+            try:  # PyMC derives some only as the model built them (CustomDist(dist=...)):
+                lp = pm.logp(held, stand, warn_rvs=False)  # check_rowwise proves its rows split
+            except NotImplementedError:
+                raise ValueError("observed variable %r: PyMC gives no log-density for it made again with any "
+                                 "number of rows (%s); leave it out of observed=" % (rv.name, exc)) from exc
+        _check_no_draws(lp, rv)
+        logps.append(_free_of_row_count(select_rows_in_data(lp, rows), rows))
     params, data, row_vars = [], [], list(stands)
     row_values = list(stand_values)
     from pytensor.graph.traversal import ancestors
 
-    stop = free | set(stands)
-    # (graph_inputs would leave out the free variables: a node computes them)
-    for v in (v for v in ancestors(logps, blockers=stop) if v in stop or v.owner is None):
-        if v in free:
-            params.append(v)
+    of_holder = {h: rv for rv, h in holders.items()}
+    for v in (v for v in ancestors(logps) if v.owner is None):
+        if v in of_holder:
+            params.append(of_holder[v])
         elif v in stands:
             continue
         elif v in model.observed_RVs:
@@ -133,7 +144,20 @@ def find_terms(model, observed, rows):
                              "of the model nor data" % (", ".join(repr(rv.name) for rv in observed), v))
     order = {v: i for i, v in enumerate(model.free_RVs)}
     params.sort(key=order.__getitem__)
-    return RowTerms(list(observed), params, data, row_vars, row_values, logps)
+    return RowTerms(list(observed), params, [holders[p] for p in params], data, row_vars, row_values, logps)
+
+
+def _check_no_draws(logp, rv):
+    """Raise ValueError if ``logp`` (of observed ``rv``, with the free variables
+    as plain inputs) depends on a random variable: its value would be a draw."""
+    from pymc.distributions.distribution import SymbolicRandomVariable
+    from pytensor.graph.traversal import ancestors
+    from pytensor.tensor.random.op import RandomVariable
+
+    for v in ancestors([logp]):
+        if v.owner is not None and isinstance(v.owner.op, RandomVariable | SymbolicRandomVariable):
+            raise ValueError("%r: its log-density depends on random variable %r, which is not a free "
+                             "variable of the model; leave it out of observed=" % (rv.name, v.name))
 
 
 def _row_input(var, name):
@@ -187,14 +211,6 @@ def _free_of_row_count(logp, rows):
     return _replaced([logp], replace)[0] if replace else logp
 
 
-def _replaced(outputs, replace):
-    from pytensor.graph.replace import clone_replace
-
-    # Nodes are made again from their new inputs, so static shapes (the rows'
-    # count, say) are inferred anew rather than asserted.
-    replace = {k: v for k, v in replace.items() if k is not v}
-    return list(clone_replace(outputs, replace, rebuild_strict=False)) if replace else list(outputs)
-
 
 def worker_graph(terms):
     """(param inputs, data inputs, row shared variables, total log-density,
@@ -210,7 +226,7 @@ def worker_graph(terms):
                         name="rows:%s" % (v.name or "data"), shape=(None,) + val.shape[1:])
         for v, val in zip(terms.row_vars, terms.row_values)
     ]
-    replace = dict(zip(terms.params + terms.data + terms.row_vars, params + data + row_shareds))
+    replace = dict(zip(terms.held + terms.data + terms.row_vars, params + data + row_shareds))
     logps = _replaced(terms.logps, replace)
     total = pt.add(*[lp.sum() for lp in logps]) if len(logps) > 1 else logps[0].sum()
     wrt = [p for p in params if _continuous(p)]
@@ -235,27 +251,38 @@ def check_rowwise(model, terms, bounds):
 
     point = _initial_params(model, terms.params)
     inputs = [v.type() for v in terms.params + terms.data] + row_inputs(terms)
-    logps = _replaced(terms.logps, dict(zip(terms.params + terms.data + terms.row_vars, inputs)))
+    logps = _replaced(terms.logps, dict(zip(terms.held + terms.data + terms.row_vars, inputs)))
     fn = pytensor.function(inputs, logps, mode="FAST_COMPILE", on_unused_input="ignore")
     head = point + [_value_of(v) for v in terms.data]
     whole = fn(*head, *terms.row_values)
-    parts = [fn(*head, *[val[a:b] for val in terms.row_values]) for a, b in bounds]
+    try:
+        parts = [fn(*head, *[val[a:b] for val in terms.row_values]) for a, b in bounds]
+    except Exception as exc:  # a term that reads rows of another length (PyTensor's or numpy's error)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(
+            "%s: the log-density cannot be computed on part of the rows (%s: %s): its graph fixes the "
+            "number of rows or reads data of another length; leave it out of observed="
+            % (terms.names(), type(exc).__name__, first)) from exc
     rows = bounds[-1][1]
     for k, rv in enumerate(terms.observed):
         full = np.asarray(whole[k])
         if full.ndim == 0 or full.shape[0] != rows:
             raise ValueError(
-                "observed variable %r: its log-density has shape %s, not one value per row (%d rows); "
+                "%s: its log-density has shape %s, not one value per row (%d rows); "
                 "a likelihood over all rows at once (multivariate, AR, GP...) cannot be split "
-                "(leave it out of observed=)" % (rv.name, full.shape, rows))
+                "(leave it out of observed=)" % (_kind(model, rv), full.shape, rows))
         joined = np.concatenate([np.asarray(p[k]) for p in parts])
         tol = 1e-4 if full.dtype == np.float32 else 1e-9
         if joined.shape != full.shape or not np.allclose(joined, full, rtol=tol, atol=tol, equal_nan=True):
             worst = np.max(np.abs(joined - full)) if joined.shape == full.shape else joined.shape
             raise ValueError(
-                "observed variable %r: each row's log-density depends on other rows (computed on the "
+                "%s: each row's log-density depends on other rows (computed on the "
                 "ranks' shares it differs from all rows at once by %s), so its rows cannot be split "
-                "(leave it out of observed=)" % (rv.name, worst))
+                "(leave it out of observed=)" % (_kind(model, rv), worst))
+
+
+def _kind(model, var):
+    return "%s %r" % ("potential" if var in model.potentials else "observed variable", var.name)
 
 
 def _initial_params(model, params):

@@ -1,0 +1,34 @@
+"""Small helpers on PyTensor graphs that the term-finding modules share: the
+values of data in a graph, and graphs rebuilt with parts replaced."""
+
+import numpy as np
+
+__all__ = ["leading", "value_of", "replaced"]
+
+
+def leading(var):
+    """The leading length of a shared variable's or constant's value, or None."""
+    value = value_of(var)
+    return None if value is None or value.ndim == 0 else value.shape[0]
+
+
+def value_of(var):
+    """The value of a shared variable or constant, as numpy; None for anything else."""
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+
+    if isinstance(var, SharedVariable):
+        return np.asarray(var.get_value(borrow=True))
+    if isinstance(var, Constant):
+        return np.asarray(var.data)
+    return None
+
+
+def replaced(outputs, replace):
+    """``outputs`` made again with the variables of ``replace`` replaced."""
+    from pytensor.graph.replace import clone_replace
+
+    # Nodes are made again from their new inputs, so static shapes (the rows'
+    # count, say) are inferred anew rather than asserted.
+    replace = {k: v for k, v in replace.items() if k is not v}
+    return list(clone_replace(outputs, replace, rebuild_strict=False)) if replace else list(outputs)

@@ -1,0 +1,238 @@
+"""Likelihoods as PyMC users write them (in the style of PyMC's example
+gallery), split on the ranks and compared with PyMC's own log-density and
+gradient at random points; those that cannot be split are refused by name, and
+the session goes on.  Runs on both PyMC lines: PyMC 5 (PyTensor 2.38) and
+PyMC 6 (PyTensor 3.3)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+
+import pytensor.tensor as pt  # noqa: E402
+from pytensor.graph.basic import Apply  # noqa: E402
+from pytensor.graph.op import Op  # noqa: E402
+from test_pymc import assert_same_density, float64_session, logistic  # noqa: E402
+
+from synkhronos.pymc import data_parallel  # noqa: E402
+
+N = 1001  # uneven over 2 ranks
+
+
+@pytest.fixture(scope="module")
+def session():
+    with float64_session(2):
+        yield
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def varying_slopes():
+    rng = _rng(1)
+    county = rng.integers(0, 6, N)
+    floor = rng.integers(0, 2, N).astype(float)
+    y = 0.3 * county - 0.5 * floor + rng.standard_normal(N)
+    with pm.Model(coords={"county": np.arange(6), "obs": np.arange(N)}) as m:
+        c = pm.Data("county_idx", county, dims="obs")
+        f = pm.Data("floor", floor, dims="obs")
+        a = pm.Normal("a", 0, 1, dims="county")
+        b = pm.Normal("b", 0, 1, dims="county")
+        s = pm.Exponential("s", 1)
+        pm.Normal("y", a[c] + b[c] * f, s, observed=y, dims="obs")
+    return m
+
+
+def robust():
+    rng = _rng(2)
+    x = rng.standard_normal(N)
+    y = 1 + 2 * x + rng.standard_t(3, N)
+    with pm.Model() as m:
+        b = pm.Normal("b", 0, 5, shape=2)
+        nu = pm.Gamma("nu", 2, 0.1)
+        s = pm.HalfNormal("s", 2)
+        pm.StudentT("y", nu=nu, mu=b[0] + b[1] * x, sigma=s, observed=y)
+    return m
+
+
+def zero_inflated():
+    rng = _rng(3)
+    y = np.where(rng.random(N) < 0.3, 0, rng.poisson(2.5, N))
+    with pm.Model() as m:
+        psi = pm.Beta("psi", 1, 1)
+        mu = pm.Gamma("mu", 2, 1)
+        pm.ZeroInflatedPoisson("y", psi=psi, mu=mu, observed=y)
+    return m
+
+
+def multinomial_logit():
+    rng = _rng(4)
+    x = rng.standard_normal((N, 2))
+    y = rng.integers(0, 3, N)
+    with pm.Model() as m:
+        w = pm.Normal("w", 0, 1, shape=(2, 2))
+        xd = pm.Data("x", x)  # (zeros of x.shape[0] rows, a constant, would fix the rows: refused)
+        eta = pt.concatenate([pt.zeros((xd.shape[0], 1)), xd @ w], axis=1)
+        pm.Categorical("y", p=pm.math.softmax(eta, axis=1), observed=y)
+    return m
+
+
+def gamma_glm():
+    rng = _rng(5)
+    x = rng.standard_normal(N)
+    y = rng.gamma(2.0, np.exp(0.3 + 0.2 * x) / 2.0)
+    with pm.Model() as m:
+        b = pm.Normal("b", 0, 1, shape=2)
+        alpha = pm.HalfNormal("alpha", 2)
+        pm.Gamma("y", alpha=alpha, beta=alpha / pt.exp(b[0] + b[1] * x), observed=y)
+    return m
+
+
+def binomial_trials():
+    rng = _rng(6)
+    n = rng.integers(1, 20, N)
+    y = rng.binomial(n, 0.3)
+    with pm.Model() as m:
+        p = pm.Beta("p", 2, 2)
+        pm.Binomial("y", n=n, p=p, observed=y)
+    return m
+
+
+def mvnormal():
+    """Rows of 3-dimensional observations, an LKJ Cholesky prior: PyTensor keeps
+    Blockwise closures in the compiled graph, which travel by cloudpickle."""
+    rng = _rng(7)
+    y = rng.standard_normal((N, 3)) @ np.array([[1, 0.3, 0], [0, 1, 0.2], [0, 0, 1]])
+    with pm.Model() as m:
+        chol, _, _ = pm.LKJCholeskyCov("c", n=3, eta=2.0, sd_dist=pm.Exponential.dist(1.0), compute_corr=True)
+        mu = pm.Normal("mu", 0, 1, shape=3)
+        pm.MvNormal("y", mu=mu, chol=chol, observed=y)
+    return m
+
+
+def censored():
+    rng = _rng(8)
+    x = rng.standard_normal(N)
+    y = np.clip(1 + 2 * x + rng.standard_normal(N), -1.0, 3.0)
+    with pm.Model() as m:
+        b = pm.Normal("b")
+        s = pm.HalfNormal("s")
+        pm.Censored("y", pm.Normal.dist(b * x, s), lower=-1.0, upper=3.0, observed=y)
+    return m
+
+
+def potential():
+    """The likelihood as a potential: a sum over rows of data, as older
+    tutorials and custom likelihoods write it."""
+    rng = _rng(9)
+    x = rng.standard_normal(N)
+    y = 0.5 * x + rng.standard_normal(N)
+    with pm.Model() as m:
+        b = pm.Normal("b")
+        s = pm.HalfNormal("s")
+        xd, yd = pm.Data("x", x), pm.Data("yd", y)
+        pm.Potential("ll", pm.math.sum(pm.logp(pm.Normal.dist(b * xd, s), yd)))
+    return m
+
+
+MODELS = [varying_slopes, robust, zero_inflated, multinomial_logit, gamma_glm, binomial_trials, mvnormal,
+          censored, potential]
+
+
+@pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
+def test_logp_and_gradient_equal_pymcs(session, make):
+    model = make()
+    assert_same_density(model, data_parallel(model))
+
+
+def test_missing_values_split_the_observed_rows_and_keep_the_imputed_ones(session):
+    """PyMC imputes missing observed values: the observed rows split, the
+    imputed ones stay free variables of the copy, and the whole variable (a
+    deterministic of both) is the same."""
+    rng = _rng(10)
+    x = rng.standard_normal(N)
+    y = 0.5 * x + rng.standard_normal(N)
+    y[::7] = np.nan
+    with pytest.warns(pm.ImputationWarning), pm.Model() as model:
+        b = pm.Normal("b")
+        s = pm.HalfNormal("s")
+        pm.Normal("y", b * x, s, observed=y)
+    split = data_parallel(model)
+    assert [v.name for v in split.free_RVs] == ["b", "s", "y_unobserved"]
+    assert_same_density(model, split)
+    point = {k: v + 0.3 for k, v in model.initial_point().items()}
+    whole0, whole1 = (_at(m, m["y"], point) for m in (model, split))
+    assert np.isnan(y).any() and not np.isnan(whole0).any()
+    np.testing.assert_array_equal(whole1, whole0)
+
+
+def _at(model, var, point):
+    (var,) = model.replace_rvs_by_values([var])
+    fn = model.compile_fn(var, inputs=model.value_vars, on_unused_input="ignore", point_fn=False)
+    return fn(*[point[v.name] for v in model.value_vars])
+
+
+def custom_dist():
+    rng = _rng(11)
+
+    def dist(mu, sigma, size):
+        return mu + sigma * pm.Normal.dist(size=size)
+
+    with pm.Model() as m:
+        mu = pm.Normal("mu")
+        s = pm.HalfNormal("s")
+        pm.CustomDist("y", mu, s, dist=dist, observed=rng.standard_normal(N))
+    return m
+
+
+def a_potential_not_over_rows():
+    with pm.Model() as m:
+        b = pm.Normal("b")
+        pm.Potential("ll", -(b ** 2))
+    return m
+
+
+class _Locked(Op):
+    """An elementwise identity holding a lock: neither pickle nor cloudpickle copies it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def make_node(self, x):
+        x = pt.as_tensor(x)
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, outputs):
+        outputs[0][0] = inputs[0].copy()
+
+    def pullback(self, inputs, outputs, grads):
+        return grads
+
+    L_op = pullback
+
+
+def unsendable():
+    rng = _rng(12)
+
+    def logp(value, mu):
+        return -0.5 * (_Locked()(value) - mu) ** 2
+
+    with pm.Model() as m:
+        mu = pm.Normal("mu")
+        pm.CustomDist("y", mu, logp=logp, observed=rng.standard_normal(N))
+    return m
+
+
+@pytest.mark.parametrize("make, match", [
+    (custom_dist, "'y': the log-density cannot be computed on part of the rows.*fixes the number of rows"),
+    (a_potential_not_over_rows, "no observed variables, nor a potential that sums over rows"),
+    (unsendable, "'y': its log-density graph cannot be sent to the ranks.*lock"),
+], ids=["custom_dist", "potential", "unsendable"])
+def test_what_cannot_be_split_is_named_and_the_session_goes_on(session, make, match):
+    with pytest.raises(ValueError, match=match):
+        data_parallel(make())
+    model = logistic(101)  # nothing of the refused model was left registered
+    assert_same_density(model, data_parallel(model))

@@ -235,6 +235,7 @@ def test_a_point_asked_alone_runs_at_once():
 
 _DEFAULT_LINKER = """
 import threading
+import time
 import numpy as np
 import pymc as pm
 import synkhronos as synk
@@ -254,6 +255,9 @@ with synk._runtime.current().lock:
                compiled[k][1](points[k])))) for k in range(4)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 120  # one evaluation holds the batch, waiting for the lock:
+    while len(ev.batcher._pending) < 3 and time.monotonic() < deadline:  # the others queue
+        time.sleep(0.01)
 for t in threads:
     t.join()
 for k, (lp, dlp) in got.items():

@@ -226,11 +226,20 @@ def unsendable():
     return m
 
 
+def a_draw_in_the_likelihood():
+    """A parameter that is a random variable but not a free one of the model:
+    PyMC would evaluate it as a fresh draw."""
+    with pm.Model() as m:
+        pm.Normal("y", mu=pm.Normal.dist(), sigma=1.0, observed=_rng(13).standard_normal(N))
+    return m
+
+
 @pytest.mark.parametrize("make, match", [
     (custom_dist, "'y': the log-density cannot be computed on part of the rows.*fixes the number of rows"),
     (a_potential_not_over_rows, "no observed variables, nor a potential that sums over rows"),
     (unsendable, "'y': its log-density graph cannot be sent to the ranks.*lock"),
-], ids=["custom_dist", "potential", "unsendable"])
+    (a_draw_in_the_likelihood, "'y': its log-density depends on random variable .*not a free variable"),
+], ids=["custom_dist", "potential", "unsendable", "draw"])
 def test_what_cannot_be_split_is_named_and_the_session_goes_on(session, make, match):
     with pytest.raises(ValueError, match=match):
         data_parallel(make())

@@ -149,15 +149,23 @@ def find_terms(model, observed, rows):
 
 def _check_no_draws(logp, rv):
     """Raise ValueError if ``logp`` (of observed ``rv``, with the free variables
-    as plain inputs) depends on a random variable: its value would be a draw."""
+    as plain inputs) depends on the value of a random variable: it would be a
+    draw.  One whose shape alone is read (a mixture's components) draws nothing."""
     from pymc.distributions.distribution import SymbolicRandomVariable
-    from pytensor.graph.traversal import ancestors
     from pytensor.tensor.random.op import RandomVariable
+    from pytensor.tensor.shape import Shape, Shape_i
 
-    for v in ancestors([logp]):
-        if v.owner is not None and isinstance(v.owner.op, RandomVariable | SymbolicRandomVariable):
+    stack, seen = [logp], set()
+    while stack:
+        v = stack.pop()
+        if v in seen or v.owner is None:
+            continue
+        seen.add(v)
+        if isinstance(v.owner.op, RandomVariable | SymbolicRandomVariable):
             raise ValueError("%r: its log-density depends on random variable %r, which is not a free "
                              "variable of the model; leave it out of observed=" % (rv.name, v.name))
+        if not isinstance(v.owner.op, Shape | Shape_i):
+            stack.extend(v.owner.inputs)
 
 
 def _row_input(var, name):

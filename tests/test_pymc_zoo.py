@@ -169,6 +169,43 @@ def test_missing_values_split_the_observed_rows_and_keep_the_imputed_ones(sessio
     np.testing.assert_array_equal(whole1, whole0)
 
 
+def _groups_with_missing():
+    """The mean indexes group parameters by each row's group (a constant) and
+    reads a covariate as pm.Data."""
+    rng = _rng(14)
+    g = rng.integers(0, 4, N)
+    x = rng.standard_normal(N)
+    y = 0.3 * g + 0.5 * x + rng.standard_normal(N)
+    y[rng.random(N) < 0.1] = np.nan
+    with pytest.warns(pm.ImputationWarning), pm.Model() as model:
+        a = pm.Normal("a", 0, 1, shape=4)
+        b = pm.Normal("b")
+        s = pm.HalfNormal("s")
+        pm.Normal("y", a[g] + b * pm.Data("x", x), s, observed=y)
+    return model
+
+
+def _design_matrix_with_missing():
+    """The mean is a design matrix (pm.Data) times coefficients, written with @."""
+    rng = _rng(15)
+    x = rng.standard_normal((N, 3))
+    y = x @ [0.3, -0.2, 0.5] + rng.standard_normal(N)
+    y[::9] = np.nan
+    with pytest.warns(pm.ImputationWarning), pm.Model() as model:
+        w = pm.Normal("w", 0, 1, shape=3)
+        s = pm.HalfNormal("s")
+        pm.Normal("y", pm.Data("x", x) @ w, s, observed=y)
+    return model
+
+
+@pytest.mark.parametrize("make", [_groups_with_missing, _design_matrix_with_missing], ids=["groups", "matrix"])
+def test_missing_values_with_covariates_split(session, make):
+    """The mask's selection is taken through the group index and the matrix
+    product, down to the data."""
+    model = make()
+    assert_same_density(model, data_parallel(model))
+
+
 def _at(model, var, point):
     (var,) = model.replace_rvs_by_values([var])
     fn = model.compile_fn(var, inputs=model.value_vars, on_unused_input="ignore", point_fn=False)

@@ -5,9 +5,9 @@ observed part is the full-length graph indexed by a constant mask, as in
 ``(b * x)[mask]``.  Split as it is, every rank would compute ``b * x`` over all
 rows and index its share of the mask into rows it does not hold.  Pushed down
 to the data, ``b * x[mask]``, the selected rows are data of the term's own
-length, split like any other.  Only elementwise operations and further constant
-indexing are looked through; anything else stays as written (and
-``check_rowwise`` refuses it if its rows cannot be split).
+length, split like any other.  Only elementwise operations, a matrix product's
+rows and further constant indexing are looked through; anything else stays as
+written (and ``check_rowwise`` refuses it, naming the term).
 """
 
 import numpy as np
@@ -56,13 +56,15 @@ def _picked_rows(node):
 
 
 def _taken(x, picked):
-    """A graph equal to ``x[picked]`` that selects from constants, or None."""
+    """A graph equal to ``x[picked]`` that selects from data (constants and
+    shared variables, whose selected rows become constants), or None."""
     import pytensor.tensor as pt
-    from pytensor.graph.basic import Constant
     from pytensor.tensor.elemwise import Elemwise
 
-    if isinstance(x, Constant):
-        value = np.asarray(x.data)
+    from ._graphs import value_of
+
+    value = value_of(x)  # a constant, or pm.Data: its rows copied now, as split data are
+    if value is not None:
         return pt.constant(value[picked]) if value.ndim else None
     node = x.owner
     if node is None:
@@ -78,7 +80,25 @@ def _taken(x, picked):
                 return None
             inputs.append(taken)
         return node.op(*inputs)
+    if _rows_from_first_input(node):  # (A @ w)[picked] = A[picked] @ w, and axes kept in place
+        taken = _taken(node.inputs[0], picked)
+        return None if taken is None else node.op(taken, *node.inputs[1:])
     inner = _picked_rows(node)
     if inner is not None:  # x = y[inner]: x[picked] = y[inner[picked]]
         return node.inputs[0][pt.constant(inner[picked])]
     return None
+
+
+def _rows_from_first_input(node):
+    """Whether ``node``'s output rows are its first input's rows, one for one: a
+    matrix product of a matrix (``Dot``, or ``@``'s ``Blockwise`` of it), or a
+    reshuffle of axes that keeps the leading one first (``@``'s squeeze)."""
+    from pytensor.tensor.blockwise import Blockwise
+    from pytensor.tensor.elemwise import DimShuffle
+    from pytensor.tensor.math import Dot
+
+    op, first = node.op, node.inputs[0]
+    if isinstance(op, DimShuffle):
+        return first.type.ndim >= 1 and len(op.new_order) >= 1 and op.new_order[0] == 0
+    core = op.core_op if isinstance(op, Blockwise) else op
+    return isinstance(core, Dot) and first.type.ndim == 2 and all(i.type.ndim <= 2 for i in node.inputs)

@@ -7,6 +7,7 @@ function that neither can copy is refused alone (``sendable``), and the error
 names its Op."""
 
 import copyreg
+import functools
 import io
 import pickle
 
@@ -112,7 +113,9 @@ def _reduced(obj):
     return NotImplemented
 
 
-class _KnownPickler(pickle.Pickler):
+class _Known:
+    """What both picklers share: ``known`` shared variables go as references."""
+
     def __init__(self, buf, known):
         super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
         self._refs = _references(known)
@@ -120,33 +123,24 @@ class _KnownPickler(pickle.Pickler):
     def persistent_id(self, obj):
         return self._refs.get(id(obj)) if self._refs else None
 
+
+class _KnownPickler(_Known, pickle.Pickler):
     def reducer_override(self, obj):
         return _reduced(obj)
 
 
-_CLOUD = []
-
-
+@functools.cache
 def _cloud_pickler():
     """``_KnownPickler`` on cloudpickle's pickler, which copies local functions
     and closures by value (made once, when first needed)."""
-    if not _CLOUD:
-        import cloudpickle
+    import cloudpickle
 
-        class _KnownCloudPickler(cloudpickle.Pickler):
-            def __init__(self, buf, known):
-                super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
-                self._refs = _references(known)
+    class _KnownCloudPickler(_Known, cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            reduced = _reduced(obj)
+            return super().reducer_override(obj) if reduced is NotImplemented else reduced
 
-            def persistent_id(self, obj):
-                return self._refs.get(id(obj)) if self._refs else None
-
-            def reducer_override(self, obj):
-                reduced = _reduced(obj)
-                return super().reducer_override(obj) if reduced is NotImplemented else reduced
-
-        _CLOUD.append(_KnownCloudPickler)
-    return _CLOUD[0]
+    return _KnownCloudPickler
 
 
 def _reduce_op_from_graph(op):

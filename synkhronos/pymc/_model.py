@@ -105,8 +105,9 @@ def _observed(model, observed):
     if observed is None:
         if model.observed_RVs:
             return list(model.observed_RVs)
-        if row_potentials(model):
-            return row_potentials(model)
+        potentials = row_potentials(model)
+        if potentials:
+            return potentials
         raise ValueError("model has no observed variables, nor a potential that sums over rows of data: "
                          "nothing to split")
     if isinstance(observed, str) or not isinstance(observed, list | tuple):

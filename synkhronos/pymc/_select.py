@@ -10,6 +10,8 @@ rows and further constant indexing are looked through; anything else stays as
 written (and ``check_rowwise`` refuses it, naming the term).
 """
 
+import functools
+
 import numpy as np
 
 __all__ = ["select_rows_in_data"]
@@ -37,13 +39,8 @@ def _picked_rows(node):
     """The leading rows ``node`` selects with one constant index, as integers;
     None if it is not such a selection."""
     from pytensor.graph.basic import Constant
-    from pytensor.tensor import subtensor
 
-    # (AdvancedSubtensor1 is gone in PyTensor 3.3, whose AdvancedSubtensor
-    # lists where its index inputs go: (0,) is the leading axis.)
-    kinds = tuple(getattr(subtensor, n) for n in ("AdvancedSubtensor", "AdvancedSubtensor1")
-                  if hasattr(subtensor, n))
-    if not isinstance(node.op, kinds) or len(node.inputs) != 2 or \
+    if not isinstance(node.op, _advanced_subtensors()) or len(node.inputs) != 2 or \
             tuple(getattr(node.op, "idx_list", (0,))) != (0,):
         return None
     index = node.inputs[1]
@@ -53,6 +50,17 @@ def _picked_rows(node):
     if data.dtype == bool:
         return np.flatnonzero(data)
     return data if data.dtype.kind in "iu" else None
+
+
+@functools.cache
+def _advanced_subtensors():
+    """PyTensor's Ops of indexing by arrays.  (AdvancedSubtensor1 is gone in
+    PyTensor 3.3, whose AdvancedSubtensor lists where its index inputs go: (0,)
+    is the leading axis.)"""
+    from pytensor.tensor import subtensor
+
+    names = ("AdvancedSubtensor", "AdvancedSubtensor1")
+    return tuple(getattr(subtensor, n) for n in names if hasattr(subtensor, n))
 
 
 def _taken(x, picked):

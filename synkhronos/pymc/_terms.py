@@ -85,7 +85,6 @@ def row_count(model, observed):
 def find_terms(model, observed, rows):
     """The ``RowTerms`` of ``model``'s observed variables ``observed`` over
     ``rows`` rows."""
-    import pymc as pm
     from pytensor.compile.sharedvalue import SharedVariable
     from pytensor.graph.basic import Constant
 
@@ -98,25 +97,16 @@ def find_terms(model, observed, rows):
     for rv in observed:
         if rv in model.potentials:
             (lp,) = _replaced([per_row(rv)], holders)
-            _check_no_draws(lp, rv)
-            logps.append(_free_of_row_count(select_rows_in_data(lp, rows), rows))
-            continue
-        value = values[rv]
-        if _leading(value) != rows:
-            raise ValueError("observed variable %r has %s rows, not %d like the others: it cannot be "
-                             "split with them (leave it out of observed=)" % (rv.name, _leading(value), rows))
-        stand = _row_input(value, rv.name)
-        stands.append(stand)
-        stand_values.append(np.ascontiguousarray(_value_of(value)))
-        (held,) = _replaced([rv], holders)
-        try:
-            lp = pm.logp(_sized_by(held, stand), stand, warn_rvs=False)
-        except NotImplementedError as exc:
-            try:  # PyMC derives some only as the model built them (CustomDist(dist=...)):
-                lp = pm.logp(held, stand, warn_rvs=False)  # check_rowwise proves its rows split
-            except NotImplementedError:
-                raise ValueError("observed variable %r: PyMC gives no log-density for it made again with any "
-                                 "number of rows (%s); leave it out of observed=" % (rv.name, exc)) from exc
+        else:
+            value = values[rv]
+            if _leading(value) != rows:
+                raise ValueError("observed variable %r has %s rows, not %d like the others: it cannot be "
+                                 "split with them (leave it out of observed=)"
+                                 % (rv.name, _leading(value), rows))
+            stand = _row_input(value, rv.name)
+            stands.append(stand)
+            stand_values.append(np.ascontiguousarray(_value_of(value)))
+            lp = _observed_logp(_replaced([rv], holders)[0], stand, rv.name)
         _check_no_draws(lp, rv)
         logps.append(_free_of_row_count(select_rows_in_data(lp, rows), rows))
     params, data, row_vars = [], [], list(stands)
@@ -145,6 +135,21 @@ def find_terms(model, observed, rows):
     order = {v: i for i, v in enumerate(model.free_RVs)}
     params.sort(key=order.__getitem__)
     return RowTerms(list(observed), params, [holders[p] for p in params], data, row_vars, row_values, logps)
+
+
+def _observed_logp(held, stand, name):
+    """PyMC's per-row log-density of observed variable ``held`` (its free
+    variables plain inputs) at ``stand``, a value of any number of rows."""
+    import pymc as pm
+
+    try:
+        return pm.logp(_sized_by(held, stand), stand, warn_rvs=False)
+    except NotImplementedError as exc:
+        try:  # PyMC derives some only as the model built them (CustomDist(dist=...)):
+            return pm.logp(held, stand, warn_rvs=False)  # check_rowwise proves its rows split
+        except NotImplementedError:
+            raise ValueError("observed variable %r: PyMC gives no log-density for it made again with any "
+                             "number of rows (%s); leave it out of observed=" % (name, exc)) from exc
 
 
 def _check_no_draws(logp, rv):

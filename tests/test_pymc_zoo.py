@@ -198,7 +198,8 @@ def _design_matrix_with_missing():
     return model
 
 
-@pytest.mark.parametrize("make", [_groups_with_missing, _design_matrix_with_missing], ids=["groups", "matrix"])
+@pytest.mark.parametrize("make", [_groups_with_missing, _design_matrix_with_missing],
+                         ids=["groups", "matrix"])
 def test_missing_values_with_covariates_split(session, make):
     """The mask's selection is taken through the group index and the matrix
     product, down to the data."""

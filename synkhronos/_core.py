@@ -131,7 +131,7 @@ class FunctionCore:
             outs += [u for _, u in updates]
             updates = []
         if self.index_only:
-            from . import _jax_shapes  # noqa: F401  (registers the rewrite the mode names)
+            from . import _jax_reductions, _jax_shapes  # noqa: F401  (register the rewrites the mode names)
         kwargs = dict(self.kwargs)
         kwargs.setdefault("on_unused_input", "ignore")
         return compile_function(ins, outs, updates=updates, givens=givens, **kwargs)

@@ -22,7 +22,8 @@ def device_kwargs(device, kwargs):
     """``pytensor.function``'s keyword arguments for ``device``: its mode with
     the rewrite that takes a maximum's gradient from its operands (``_max_gradient``),
     the bf16 rewrite under ``fork(precision="bf16")`` (see ``_mixed``), and in JAX
-    mode the rewrite that keeps shapes computed from shapes concrete."""
+    mode the rewrites that keep shapes computed from shapes concrete and
+    reductions in their declared dtype (``_jax_reductions``)."""
     kwargs = device.function_kwargs(kwargs)
     kwargs["mode"] = max_gradient_mode(kwargs.get("mode"))
     if device.precision == "bf16":
@@ -30,9 +31,10 @@ def device_kwargs(device, kwargs):
 
         kwargs["mode"] = bf16_mode(kwargs.get("mode"))
     if is_jax_mode(kwargs.get("mode")):
+        from ._jax_reductions import reduction_dtypes_mode
         from ._jax_shapes import jax_mode
 
-        kwargs["mode"] = jax_mode(kwargs["mode"])
+        kwargs["mode"] = reduction_dtypes_mode(jax_mode(kwargs["mode"]))
     return kwargs
 
 

@@ -9,22 +9,22 @@ They live here because their default, and the pictures' layout, is the
 CPU-worker one; a GPU run only changes labels, title and caption.
 """
 
-from _plot_common import _figure, _finish, _headroom, _int_ticks, _machine_line, _nan, _style, _thousands
+from _plot_common import _figure, _finish, _headroom, _int_ticks, _machine_line, _nan, _style
 
 __all__ = ["plot_call_overhead", "plot_cpu_backends", "plot_cpu_scaling", "plot_mpi_collectives", "plot_soak"]
 
 
 # ---------------------------------------------------------------- cpu_scaling
 def plot_cpu_scaling(payload, png):
-    """Rows/s of Synkhronos ranks, raw processes and BLAS threads against N.
+    """Step time of Synkhronos ranks and raw processes against N beside the
+    single processes, and Synkhronos's speedup over the best of them.
 
     Parameters
     ----------
     payload : dict
-        What ``cpu_scaling.py`` wrote: ``summary`` (per N: ``threads_rows_per_s``,
-        ``procs_rows_per_s``, ``synk_rows_per_s``, ``synk_over_procs``,
-        ``procs_over_threads``), ``runs`` (one record per configuration and
-        round), ``settings`` and ``machine``.
+        What ``cpu_scaling.py`` wrote: ``summary`` (per N: ``synk_step_s``,
+        ``speedup``, and where raw processes ran ``procs_step_s``),
+        ``singles_step_s`` (linker -> seconds), ``what``, ``settings`` and ``machine``.
     png : str
         Path of the PNG to write.
 
@@ -37,37 +37,32 @@ def plot_cpu_scaling(payload, png):
     ns = [s["n"] for s in summ]
     settings = payload.get("settings") or {}
     fig, (ax, ax_r) = _figure("cpu_scaling", 2)
-    modes = (("synk", "Synkhronos, N ranks", "C0", "o"),
-             ("procs", "raw N processes", "C1", "s"),
-             ("threads", "1 process, N BLAS threads", "C2", "^"))
-    for mode, label, color, marker in modes:
-        ax.plot(ns, [s[mode + "_rows_per_s"] for s in summ], marker=marker, color=color, lw=2,
-                label=label + " (median)")
-        runs = [r for r in payload.get("runs", []) if r.get("mode") == mode]
-        if len(runs) > len(ns):  # several rounds: show the spread too
-            ax.plot([r["n"] for r in runs], [r["rows_per_s"] for r in runs], marker=marker, ls="none",
-                    color=color, alpha=0.35, ms=4)
-    # At N = 1 all three are one process with one BLAS thread: the best of them is the reference.
-    base = max(summ[0][m + "_rows_per_s"] for m, _, _, _ in modes) / summ[0]["n"]
-    ax.plot(ns, [base * n for n in ns], ":", color="0.3", label="ideal (best N=1 figure x N)")
-    ax.set_ylim(bottom=0)
-    _thousands(ax)
+    ax.plot(ns, [s["synk_step_s"] * 1e3 for s in summ], "o-", color="C0", lw=2, label="Synkhronos, N ranks")
+    if all("procs_step_s" in s for s in summ):
+        ax.plot(ns, [s["procs_step_s"] * 1e3 for s in summ], "s-", color="C1", lw=2,
+                label="raw N processes (no reduction)")
+    singles = payload.get("singles_step_s") or {}
+    for i, (linker, secs) in enumerate(sorted(singles.items(), key=lambda kv: kv[1])):
+        ax.axhline(secs * 1e3, color="C%d" % (i + 2), ls="--", lw=1.2,
+                   label="one process, every core: %s" % linker)
+    if singles:
+        best = min(singles.values()) * 1e3
+        ax.plot(ns, [best / n for n in ns], ":", color="0.3", label="best single / N")
+    ax.set_yscale("log")
     _int_ticks(ax, ns)
-    _style(ax, "N (ranks / processes / threads)", "throughput (rows/s)", "Throughput")
-    ax_r.plot(ns, [s["synk_over_procs"] for s in summ], "o-", color="C0", lw=2, label="synk / raw procs")
-    ax_r.plot(ns, [s["procs_over_threads"] for s in summ], "s-", color="C1", lw=2,
-              label="raw procs / threads")
-    ax_r.axhline(1.0, color="0.3", lw=1, ls="--", label="1.0")
-    ax_r.axhline(0.9, color="C3", lw=1, ls=":", label="target synk / procs >= 0.9")
+    _style(ax, "N (ranks / processes)", "median step (ms, log scale)", "Step time")
+    ax_r.plot(ns, [s["speedup"] for s in summ], "o-", color="C0", lw=2, label="Synkhronos / best single")
+    ax_r.plot(ns, ns, ":", color="0.3", label="N")
+    ax_r.axhline(1.0, color="0.3", lw=1, ls="--")
     ax_r.set_ylim(bottom=0)
     _int_ticks(ax_r, ns)
-    _style(ax_r, "N", "throughput ratio", "Ratios (medians of per-round ratios)")
-    title = "CPU scaling: MLP 784-1024-1024-10 gradient"
+    _style(ax_r, "N", "speedup (medians of per-round ratios)", "Speedup over the best single process")
+    title = "CPU scaling: %s" % payload.get("what", "MLP gradient")
     caption = [
         _machine_line(payload),
-        "float32; total batch %s rows per step, %s timed steps per configuration, %s round(s); "
-        "BLAS %s" % (settings.get("batch"), settings.get("steps"), settings.get("repeats"),
-                     (payload.get("machine") or {}).get("blas")),
+        "%s timed steps per configuration, %s round(s); BLAS %s; fastest single process: %s"
+        % (settings.get("steps"), settings.get("repeats"), (payload.get("machine") or {}).get("blas"),
+           "/".join(payload.get("best_single") or [])),
     ]
     return _finish(fig, title, caption, png)
 

@@ -1,30 +1,39 @@
-"""CPU scaling of an MLP gradient: Synkhronos ranks vs BLAS threads vs raw processes.
+"""CPU scaling: Synkhronos ranks, with default settings, against the best single
+process a user could write, at every rank count.
 
-The work: the gradients of all parameters of a 784-1024-1024-10 MLP (tanh hidden
-layers, softmax cross-entropy on one-hot targets, float32) over a fixed total
-batch (``--batch``, default 4096 rows).  For each N in 1, 2, 4, 8, 16 that the
-usable cores allow (``len(os.sched_getaffinity(0))``, capped by ``--max-n``):
+Workloads (``--workload``):
 
-* threads: one process, plain ``pytensor.function``, N BLAS threads;
-* procs:   N plain processes at once ("raw N processes"), each computing the plain
-           gradient on its total/N rows with 1 BLAS thread; a step starts at a
-           barrier and lasts until the slowest process is done;
-* synk:    ``synk.function`` on N CPU ranks (the master is one), 1 BLAS thread
-           each, inputs in ``synk.Data``, gradients averaged to the master.
+* ``mlp``: the gradients of all parameters of a 784-1024-1024-10 MLP (tanh hidden
+  layers, softmax cross-entropy on one-hot targets), float32, over a total batch
+  of ``--batch`` rows (default 4096);
+* ``likelihood``: a logistic regression's log-likelihood and its gradient over
+  ``--rows`` x 16 float64 rows (default 400,000): the shape of a PyMC model's
+  likelihood.
 
-Reported: throughput in rows/s (total batch / median step time) and the ratios
-synk/procs (target >= 0.9: Synkhronos should cost little over N independent
-processes) and procs/threads.  BLAS thread counts are fixed by environment
-variables (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS), which only
-work before numpy is imported, so every configuration runs in a fresh subprocess
-of this script (``--_child``).  The PyTensor/Numba compile cache is warmed in a
-first subprocess and compile time is excluded; each configuration's setup time is
-recorded so that a cache miss shows.  Configurations are interleaved over
-``--repeats`` rounds (rotating their order) and medians are reported, because
-the machine may be shared and noisy; ratios are medians of per-round ratios.
+Configurations, each in a fresh process (thread counts are read as libraries load):
 
-Run ``python benchmarks/cpu_scaling.py --quick`` for a smoke run.  Results go to
-``benchmarks/results/cpu_scaling.json`` unless ``--out`` says otherwise.
+* ``single:<linker>``: one plain ``pytensor.function`` with every core of the
+  machine, the data held in shared variables (no copy per call).  Linkers:
+  ``default`` (PyTensor's default mode), ``jax`` (``mode="JAX"``) and, for the
+  float32 MLP, ``jax-f32``: JAX with ``floatX=float32``.  (Where ``floatX`` is
+  float64, PyTensor's JAX backend returns a float32 sum as float64, and a float32
+  network's gradient then runs in float64; setting ``floatX`` avoids that.)  The
+  best single process of a round is the fastest of them.
+* ``procs N``: N raw processes, each a plain JAX function on its share of the
+  rows, pinned to a core of its own; a step starts at a barrier and lasts until
+  the slowest is done: what N hand-managed processes give, before any reduction.
+* ``synk N``: ``synk.function`` on N CPU ranks (the master is one) with default
+  settings, the data in ``synk.Data``, the outputs reduced into the master.
+
+N runs over every count from 1 to the usable cores (``--max-n`` caps it; ``--ns``
+lists others).  Reported per N: the median step, the speedup of Synkhronos over
+the best single process (medians of per-round ratios), that speedup per rank,
+and Synkhronos against the raw processes.  Configurations are interleaved over
+``--repeats`` rounds; compile time is excluded (a first process fills the
+caches) and each configuration's set-up time is recorded.
+
+``python benchmarks/cpu_scaling.py --quick`` is a smoke run.  Results go to
+``benchmarks/results/cpu_scaling[_likelihood].json`` unless ``--out`` says otherwise.
 """
 
 import argparse
@@ -46,13 +55,14 @@ from _common import (  # noqa: E402
 )
 
 SIZES = (784, 1024, 1024, 10)
-MODES = ("threads", "procs", "synk")
-TARGET_SYNK_OVER_PROCS = 0.9
+FEATURES = 16
+SINGLES = {"mlp": ("default", "jax", "jax-f32"), "likelihood": ("default", "jax")}
 _MARK = "@@RESULT "
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-# ----------------------------------------------------------------- child side
+# ----------------------------------------------------------------- workloads
 def _split(length, parts):
     q, r = divmod(length, parts)
     bounds, start = [], 0
@@ -64,6 +74,7 @@ def _split(length, parts):
 
 
 def _make_data(rows, seed):
+    """The MLP's inputs and one-hot targets."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -78,7 +89,6 @@ def _build_mlp(seed):
     import pytensor
     import pytensor.tensor as pt
 
-    pytensor.config.floatX = "float32"
     rng = np.random.default_rng(seed + 12345)
     params = []
     for i, (n_in, n_out) in enumerate(zip(SIZES[:-1], SIZES[1:])):
@@ -95,14 +105,45 @@ def _build_mlp(seed):
     return x, y, params, pt.grad(loss, params)
 
 
-def _mode(args):
-    """The same linker for all three configurations: Synkhronos' CPU ranks would
-    take JAX for a function naming no mode, the plain functions PyTensor's own."""
+def _likelihood_data(rows, seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, FEATURES))
+    y = (rng.random(rows) < 0.5).astype("float64")
+    return x, y, rng.standard_normal(FEATURES) * 0.1
+
+
+def workload(args):
+    """``(data inputs, other inputs, outputs, reduce modes, data, other values)``."""
+    import pytensor.tensor as pt
+
+    if args.workload == "mlp":
+        x, y, _, grads = _build_mlp(args.seed)
+        return [x, y], [], grads, ["avg"] * len(grads), _make_data(args.batch, args.seed), []
+    x, y = pt.matrix("x", dtype="float64"), pt.vector("y", dtype="float64")
+    beta = pt.vector("beta", dtype="float64")
+    eta = x.dot(beta)
+    logp = (y * eta - pt.softplus(eta)).sum()
+    x_np, y_np, b_np = _likelihood_data(args.rows, args.seed)
+    return [x, y], [beta], [logp, pt.grad(logp, beta)], ["sum", "sum"], (x_np, y_np), [b_np]
+
+
+def _mode(linker):
+    return "JAX" if linker.startswith("jax") else None
+
+
+def _resident(args, linker, data_slice=slice(None)):
+    """A plain function of the workload with its data in shared variables, and its arguments."""
     import pytensor
 
-    return args.mode or str(pytensor.config.mode)
+    data_vars, others, outputs, _, data, values = workload(args)
+    givens = [(v, pytensor.shared(d[data_slice].copy())) for v, d in zip(data_vars, data)]
+    f = pytensor.function(others, outputs, givens=givens, mode=_mode(linker))
+    return f, values
 
 
+# ----------------------------------------------------------------- child side
 def _timed_steps(fn, steps):
     times = []
     for _ in range(steps):
@@ -112,44 +153,30 @@ def _timed_steps(fn, steps):
     return times
 
 
-def child_warm(args):
-    """Compile the gradient once (fills the on-disk compile cache)."""
-    import pytensor
+def _call(f, values):
+    import numpy as np
 
+    return [np.asarray(o) for o in f(*values)]
+
+
+def child_single(args):
     t0 = time.perf_counter()
-    x, y, _, grads = _build_mlp(args.seed)
-    f = pytensor.function([x, y], grads, mode=_mode(args))
-    f(*_make_data(64, args.seed))
-    return {"compile_s": time.perf_counter() - t0}
-
-
-def child_threads(args):
-    import pytensor
-
-    t0 = time.perf_counter()
-    x, y, _, grads = _build_mlp(args.seed)
-    f = pytensor.function([x, y], grads, mode=_mode(args))
-    xd, yd = _make_data(args.batch, args.seed)
-    f(xd, yd)  # first call: loads the compiled code
-    setup = time.perf_counter() - t0
-    return {"setup_s": setup, "step_s": _timed_steps(lambda: f(xd, yd), args.steps)}
+    f, values = _resident(args, args.linker)
+    _call(f, values)  # compiles (JAX) or loads (C, Numba)
+    return {"setup_s": time.perf_counter() - t0, "step_s": _timed_steps(lambda: _call(f, values), args.steps)}
 
 
 def _proc_worker(rank, n, args, barrier, queue):
     try:
-        import pytensor
-
-        x, y, _, grads = _build_mlp(args.seed)
-        f = pytensor.function([x, y], grads, mode=_mode(args))
-        start, stop = _split(args.batch, n)[rank]
-        xd, yd = _make_data(args.batch, args.seed)
-        xd, yd = xd[start:stop].copy(), yd[start:stop].copy()
-        f(xd, yd)
+        os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[rank]])  # before JAX sizes its pool
+        start, stop = _split(args.batch if args.workload == "mlp" else args.rows, n)[rank]
+        f, values = _resident(args, "jax", slice(start, stop))
+        _call(f, values)
         marks = []
         for _ in range(args.steps):
             barrier.wait()
             t0 = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
-            f(xd, yd)
+            _call(f, values)
             marks.append((t0, time.perf_counter()))
         queue.put((rank, marks, None))
     except BaseException as exc:  # reported by the parent
@@ -162,9 +189,7 @@ def child_procs(args):
 
     n = args.n
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters, env already set
-    barrier = ctx.Barrier(n)
-    queue = ctx.Queue()
-    t0 = time.perf_counter()
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_proc_worker, args=(r, n, args, barrier, queue)) for r in range(n)]
     for p in procs:
         p.start()
@@ -175,8 +200,7 @@ def child_procs(args):
     if errors:
         raise RuntimeError("raw process failed: %s" % errors[0])
     marks = [m for _, m, _ in sorted(results)]
-    steps = [max(m[s][1] for m in marks) - min(m[s][0] for m in marks) for s in range(args.steps)]
-    return {"wall_s": time.perf_counter() - t0, "step_s": steps}
+    return {"step_s": [max(m[s][1] for m in marks) - min(m[s][0] for m in marks) for s in range(args.steps)]}
 
 
 def child_synk(args):
@@ -191,16 +215,15 @@ def child_synk(args):
     with contextlib.redirect_stdout(io.StringIO()):
         synk.fork(args.n, use_gpu=False)
     try:
-        x, y, _, grads = _build_mlp(args.seed)
-        f = synk.function([x, y], outputs=grads, mode=_mode(args))
+        data_vars, others, outputs, modes, data, values = workload(args)
+        f = synk.function(data_vars, bcast_inputs=others, outputs=list(zip(outputs, modes)))
         with contextlib.redirect_stdout(io.StringIO()):
             synk.distribute()
-        xd, yd = _make_data(args.batch, args.seed)
-        X, Y = synk.data(xd), synk.data(yd)
-        got = f(X, Y)  # first call: every rank loads the compiled code
+        inputs = [synk.data(d) for d in data] + [synk.data(v) for v in values]
+        got = f(*inputs)  # first call: every rank compiles or loads its code
         setup = time.perf_counter() - t0
-        steps = _timed_steps(lambda: f(X, Y), args.steps)
-        want = f.as_pytensor(xd, yd)  # the whole batch in the master alone
+        steps = _timed_steps(lambda: f(*inputs), args.steps)
+        want = f.as_pytensor(*data, *values)  # every row in the master alone
         same = all(np.allclose(g, w, rtol=1e-3, atol=1e-5) for g, w in zip(got, want))
         return {"setup_s": setup, "step_s": steps, "same_result": bool(same)}
     finally:
@@ -208,62 +231,135 @@ def child_synk(args):
             synk.close()
 
 
-CHILDREN = {"warm": child_warm, "threads": child_threads, "procs": child_procs, "synk": child_synk}
+CHILDREN = {"single": child_single, "procs": child_procs, "synk": child_synk}
 
 
 # ---------------------------------------------------------------- parent side
-def _child_env(threads):
-    env = dict(os.environ)
-    for v in _THREAD_VARS:
-        env[v] = str(threads)
+def _child_env(kind, linker, workload):
+    """The user's environment without thread settings; raw processes get one
+    thread each, and JAX's float32 runs (``jax-f32``, the MLP's raw processes)
+    ``floatX=float32``."""
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARS}
+    if kind == "procs":
+        env.update({v: "1" for v in _THREAD_VARS})
+    if linker == "jax-f32" or (kind == "procs" and workload == "mlp"):
+        flags = env.get("PYTENSOR_FLAGS", "")
+        env["PYTENSOR_FLAGS"] = (flags + "," if flags else "") + "floatX=float32"
     return env
 
 
-def run_child(mode, n, args):
+def run_child(kind, n, args, linker=""):
     """Run one configuration in a fresh interpreter; returns its result dict."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--_child", mode, "--_n", str(n),
-           "--batch", str(args.batch), "--steps", str(args.steps), "--seed", str(args.seed)]
-    cmd += ["--mode", args.mode] if args.mode else []
-    threads = n if mode == "threads" else 1
+    cmd = [sys.executable, os.path.abspath(__file__), "--_child", kind, "--_n", str(n), "--_linker", linker,
+           "--workload", args.workload, "--batch", str(args.batch), "--rows", str(args.rows),
+           "--steps", str(args.steps), "--seed", str(args.seed)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=_child_env(threads), capture_output=True, text=True,
+    proc = subprocess.run(cmd, env=_child_env(kind, linker, args.workload), capture_output=True, text=True,
                           timeout=args.child_timeout)
     for line in proc.stdout.splitlines():
         if line.startswith(_MARK):
             res = json.loads(line[len(_MARK):])
-            res.update(mode=mode, n=n, blas_threads=threads, child_wall_s=time.perf_counter() - t0)
+            res.update(kind=kind, n=n, linker=linker, child_wall_s=time.perf_counter() - t0)
+            res["median_step_s"] = median(res["step_s"])
             return res
     sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-    raise RuntimeError("child %s n=%d failed (exit code %d)" % (mode, n, proc.returncode))
+    raise RuntimeError("child %s %s n=%d failed (exit code %d)" % (kind, linker, n, proc.returncode))
 
 
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, help="total rows per step [4096; quick 1024]")
+    p.add_argument("--workload", choices=sorted(SINGLES), default="mlp")
+    p.add_argument("--batch", type=int, help="MLP: total rows per step [4096; quick 1024]")
+    p.add_argument("--rows", type=int, help="likelihood: rows [400000; quick 40000]")
     p.add_argument("--steps", type=int, help="timed steps per configuration [10; quick 3]")
-    p.add_argument("--max-n", type=int, default=16, help="largest N to try [16]")
-    p.add_argument("--repeats", type=int, help="interleaved rounds over all configurations [3; quick 1]")
+    p.add_argument("--max-n", type=int, default=None, help="largest N [the usable cores]")
+    p.add_argument("--ns", default=None, help="comma-separated rank counts [every one from 1 to --max-n]")
+    p.add_argument("--repeats", type=int, help="interleaved rounds over all configurations [2; quick 1]")
+    p.add_argument("--no-procs", action="store_true", help="skip the raw processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--child-timeout", type=float, default=1800, help="seconds per subprocess")
     p.add_argument("--quick", action="store_true", help="small, fast settings for a smoke run")
-    p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/cpu_scaling.json)")
+    p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/cpu_scaling*.json)")
     p.add_argument("--_child", dest="child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     p.add_argument("--_n", dest="n", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--mode", default=None,
-                   help="PyTensor mode of all three configurations [PyTensor's own, from its flags]")
+    p.add_argument("--_linker", dest="linker", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick and not args.child
-    for key, default, small in (("batch", 4096, 1024), ("steps", 10, 3), ("repeats", 3, 1)):
+    for key, default, small in (("batch", 4096, 1024), ("rows", 400_000, 40_000), ("steps", 10, 3),
+                                ("repeats", 2, 1)):
         if getattr(args, key) is None:  # explicit options win over --quick
             setattr(args, key, small if quick else default)
-    if args.batch < 1 or args.steps < 1 or args.repeats < 1 or args.max_n < 1:
-        p.error("--batch, --steps, --repeats and --max-n must be positive")
+    if min(args.batch, args.rows, args.steps, args.repeats, args.max_n or 1) < 1:
+        p.error("--batch, --rows, --steps, --repeats and --max-n must be positive")
     return args
 
 
-def _fmt_rate(v):
-    return "%.0f" % v if v is not None else "n/a"
+def rank_counts(args):
+    top = min(usable_cores(), args.max_n or usable_cores())
+    if args.ns:
+        return [n for n in (int(v) for v in args.ns.split(",")) if 1 <= n <= top]
+    return [1, 2] if args.quick else list(range(1, top + 1))
+
+
+def measure(args, ns):
+    runs = []
+    for rnd in range(args.repeats):
+        configs = [("single", 0, linker) for linker in SINGLES[args.workload]]
+        configs += [("synk", n, "") for n in ns] + ([] if args.no_procs else [("procs", n, "") for n in ns])
+        if rnd % 2:
+            configs.reverse()
+        for kind, n, linker in configs:
+            res = run_child(kind, n, args, linker)
+            res["round"] = rnd
+            runs.append(res)
+            print("  round %d  %-6s %-8s N=%-2d median step %8.2f ms%s" % (
+                rnd, kind, linker, n, res["median_step_s"] * 1e3,
+                "  (set-up %.1f s)" % res["setup_s"] if "setup_s" in res else ""), flush=True)
+    return runs
+
+
+def summarize(runs, ns):
+    rounds = sorted({r["round"] for r in runs})
+    best = {}  # round -> (seconds, linker) of its fastest single process
+    for rnd in rounds:
+        best[rnd] = min((r["median_step_s"], r["linker"]) for r in runs
+                        if r["kind"] == "single" and r["round"] == rnd)
+    singles = {}
+    for r in runs:
+        if r["kind"] == "single":
+            singles.setdefault(r["linker"], []).append(r["median_step_s"])
+    summary = []
+    for n in ns:
+        mine = {k: {r["round"]: r for r in runs if r["kind"] == k and r["n"] == n} for k in ("synk", "procs")}
+        speedups = [best[rnd][0] / mine["synk"][rnd]["median_step_s"] for rnd in mine["synk"]]
+        row = {"n": n, "synk_step_s": median([r["median_step_s"] for r in mine["synk"].values()]),
+               "speedup": median(speedups),
+               "synk_same_result": all(r["same_result"] for r in mine["synk"].values())}
+        row["speedup_per_rank"] = row["speedup"] / n
+        if mine["procs"]:
+            row["procs_step_s"] = median([r["median_step_s"] for r in mine["procs"].values()])
+            row["synk_over_procs"] = median([
+                mine["procs"][rnd]["median_step_s"] / mine["synk"][rnd]["median_step_s"]
+                for rnd in mine["synk"] if rnd in mine["procs"]])
+        summary.append(row)
+    best_linkers = sorted({linker for _, linker in best.values()})
+    return summary, {k: median(v) for k, v in singles.items()}, best_linkers
+
+
+def _ms(v):
+    return "-" if v is None else "%.1f" % (v * 1e3)
+
+
+def report(args, summary, singles, best_linkers):
+    print("\nsingle process, every core, median step (ms): " + ", ".join(
+        "%s %.1f" % (k, v * 1e3) for k, v in singles.items()) + "; fastest: %s" % "/".join(best_linkers))
+    rows = [[s["n"], _ms(s["synk_step_s"]), _ms(s.get("procs_step_s")), "%.2f" % s["speedup"],
+             "%.2f" % s["speedup_per_rank"],
+             "-" if "synk_over_procs" not in s else "%.2f" % s["synk_over_procs"],
+             "ok" if s["synk_same_result"] else "DIFF"] for s in summary]
+    print(table(["N", "synk ms", "raw procs ms", "speedup vs best single", "per rank", "synk / procs (speed)",
+                 "result"], rows))
 
 
 def main(argv=None):
@@ -271,76 +367,34 @@ def main(argv=None):
     if args.child:
         print(_MARK + json.dumps(CHILDREN[args.child](args)), flush=True)
         return
-
     info = machine_info()
     print_machine(info)
-    cores = usable_cores()
-    ns = [n for n in (1, 2, 4, 8, 16) if n <= min(cores, args.max_n)]
-    print("MLP %s gradient, float32, batch %d, %d steps per configuration, N = %s, %d round(s)"
-          % ("-".join(map(str, SIZES)), args.batch, args.steps, ns, args.repeats))
-    print("(timings on a shared machine are noisy: configurations interleaved, medians reported)\n",
+    ns = rank_counts(args)
+    if args.workload == "mlp":
+        what = "MLP %s gradient, float32, batch %d" % ("-".join(map(str, SIZES)), args.batch)
+    else:
+        what = "logistic log-likelihood and gradient, %d x %d float64" % (args.rows, FEATURES)
+    print("%s; %d steps per configuration; N = %s; %d round(s)\n" % (what, args.steps, ns, args.repeats),
           flush=True)
-
-    warm = run_child("warm", 1, args)
-    print("compile-cache warm-up: %.1f s (cold compile if long, cache hit if short)\n" % warm["compile_s"],
-          flush=True)
-    runs = []
-    for rnd in range(args.repeats):
-        for n in ns:
-            order = MODES[rnd % 3:] + MODES[:rnd % 3]
-            for mode in order:
-                res = run_child(mode, n, args)
-                res["round"] = rnd
-                res["median_step_s"] = median(res["step_s"])
-                res["rows_per_s"] = args.batch / res["median_step_s"]
-                runs.append(res)
-                print("  round %d  N=%-2d %-7s %8.0f rows/s  (median step %.3f s, setup %s)"
-                      % (rnd, n, mode, res["rows_per_s"], res["median_step_s"],
-                         "%.1f s" % res["setup_s"] if "setup_s" in res else "-"), flush=True)
-
-    summary = []
-    base = None
-    for n in ns:
-        by_mode = {m: [r for r in runs if r["n"] == n and r["mode"] == m] for m in MODES}
-        rate = {m: median([r["rows_per_s"] for r in by_mode[m]]) for m in MODES}
-        per_round = {}
-        for r in runs:
-            if r["n"] == n:
-                per_round.setdefault(r["round"], {})[r["mode"]] = r["rows_per_s"]
-        s_over_p = median([v["synk"] / v["procs"] for v in per_round.values()])
-        p_over_t = median([v["procs"] / v["threads"] for v in per_round.values()])
-        if n == 1:
-            base = rate["threads"]
-        summary.append({
-            "n": n,
-            "threads_rows_per_s": rate["threads"],
-            "procs_rows_per_s": rate["procs"],
-            "synk_rows_per_s": rate["synk"],
-            "synk_over_procs": s_over_p,
-            "procs_over_threads": p_over_t,
-            "synk_speedup_vs_1_thread": None if base is None else rate["synk"] / base,
-            "synk_same_result": all(r.get("same_result", True) for r in by_mode["synk"]),
-            "target_met": s_over_p >= TARGET_SYNK_OVER_PROCS,
-        })
-
-    rows = [[s["n"], _fmt_rate(s["threads_rows_per_s"]), _fmt_rate(s["procs_rows_per_s"]),
-             _fmt_rate(s["synk_rows_per_s"]), "%.2f" % s["synk_over_procs"],
-             "PASS" if s["target_met"] else "FAIL", "%.2f" % s["procs_over_threads"],
-             "n/a" if s["synk_speedup_vs_1_thread"] is None else "%.2f" % s["synk_speedup_vs_1_thread"],
-             "ok" if s["synk_same_result"] else "DIFF"] for s in summary]
-    print("\nthroughput, rows/s (median over rounds); %d usable cores" % cores)
-    print(table(["N", "threads", "procs", "synk", "synk/procs", ">=0.9", "procs/threads",
-                 "synk vs 1 thread", "result"], rows))
+    warm = [run_child("single", 0, args, linker) for linker in SINGLES[args.workload]]  # fills the caches
+    runs = measure(args, ns)
+    summary, singles, best_linkers = summarize(runs, ns)
+    report(args, summary, singles, best_linkers)
+    name = "cpu_scaling" if args.workload == "mlp" else "cpu_scaling_likelihood"
     results = {
         "benchmark": "cpu_scaling",
+        "workload": args.workload,
+        "what": what,
         "machine": info,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "child", "n")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "child", "n", "linker")},
         "ns": ns,
-        "warm_up": warm,
+        "warm_up_s": [w["setup_s"] for w in warm],
+        "singles_step_s": singles,
+        "best_single": best_linkers,
         "summary": summary,
         "runs": runs,
     }
-    write_results(args.out or default_out(__file__), results)
+    write_results(args.out or os.path.join(os.path.dirname(default_out(__file__)), name + ".json"), results)
 
 
 if __name__ == "__main__":

@@ -222,7 +222,7 @@ def _reduced(rt, shared_vars, op):
     for k, var in enumerate(variables):
         values = [arrays[r][k] for r in range(rt.n_parallel)]
         equal_shapes([var], [[v.shape for v in values]], "reduce")
-        results.append(np.asarray(reduce_values(values, op), dtype=var.dtype))
+        results.append(np.asarray(reduce_values(values, op, pool=rt.reduce_pool), dtype=var.dtype))
     return variables, ids, single, results
 
 

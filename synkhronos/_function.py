@@ -269,7 +269,7 @@ class Function:
             per_rank = {rt.master_rank: mine}
             for r, (weight, tokens) in replies.items():
                 per_rank[r] = (weight, None if tokens is None else receive(tokens, rt.cache))
-            results = reduce_results(per_rank, plan.subset, core.output_modes, self._what)
+            results = reduce_results(per_rank, plan.subset, core.output_modes, self._what, rt.reduce_pool)
             results = in_graph_dtypes(results, [core.out_dtypes[i] for i in plan.subset])
         if output_subset is None and self._single:
             return results[0]

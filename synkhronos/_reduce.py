@@ -6,11 +6,26 @@ mean over all rows, as one process would compute it.  Collectives average the
 ranks' values with equal weights: the sum in the values' dtype divided by the
 number of ranks, integers truncated toward zero exactly (``truncated_divide``),
 as NCCL's and MPI's sum-then-divide give it.
+
+Large values are reduced by several threads at once (``ChunkPool``), each over
+chunks of the flattened values small enough that their temporaries stay in its
+core's cache.  Every element goes through the same operations in the same rank
+order as in one pass, so the results are the same to the bit.
 """
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["REDUCE_OPS", "check_op", "identity", "Accumulator", "reduce_values", "truncated_divide"]
+__all__ = ["REDUCE_OPS", "check_op", "identity", "Accumulator", "ChunkPool", "reduce_values",
+           "truncated_divide"]
+
+# A value at least this large is reduced by the pool's threads: below it, handing
+# chunks to threads costs about what it saves.
+PARALLEL_BYTES = 1 << 20
+CHUNK_ELEMENTS = 1 << 15  # a chunk's temporaries (one per rank at most) stay in a core's cache
 
 REDUCE_OPS = ("avg", "sum", "prod", "max", "min", None)
 
@@ -116,17 +131,85 @@ def truncated_divide(total, n):
     return np.asarray(quotient + ((total % n != 0) & (total < 0)), dtype=total.dtype)
 
 
-def reduce_values(values, op, weights=None):
+def reduce_values(values, op, weights=None, pool=None):
     """Reduce a list of arrays under ``op`` (``weights`` only matter for avg).
     Unweighted ``avg`` of integers is their sum divided by their number,
-    truncated (see the module docstring)."""
+    truncated (see the module docstring).  ``pool``: a ``ChunkPool`` whose
+    threads reduce large values by chunks (same results)."""
     if op == "avg" and weights is None and np.asarray(values[0]).dtype.kind in "iu":
         return truncated_divide(reduce_values(values, "sum"), len(values))
     if len(values) == 1 and op is not None:
         # One rank: its value is the result (weighting and dividing back could round).
         value = np.array(values[0])
         return value if op != "avg" or value.dtype.kind in "fc" else value / 1.0
+    if pool is not None and pool.takes(values, op):
+        return pool.reduce(values, op, weights)
+    return _accumulated(values, op, weights)
+
+
+def _accumulated(values, op, weights):
     acc = Accumulator(op)
     for i, v in enumerate(values):
         acc.add(v, 1 if weights is None else weights[i])
     return acc.result()
+
+
+class ChunkPool:
+    """Threads that reduce large values by chunks, one range of chunks each.
+
+    Made by the session for the master, which reduces the ranks' outputs once
+    all of them have finished computing, so their cores are free; ``threads``
+    defaults to the cores this process may use.  Threads start at the first
+    large reduction; ``close`` stops them.
+    """
+
+    def __init__(self, threads=None):
+        if threads is None:
+            has_affinity = hasattr(os, "sched_getaffinity")
+            threads = len(os.sched_getaffinity(0)) if has_affinity else os.cpu_count() or 1
+        self.threads = max(1, threads)
+        self._executor = None
+        self._lock = threading.Lock()
+
+    def takes(self, values, op):
+        """Whether ``values`` are worth reducing by chunks: several arrays of one
+        shape, large enough, and more than one thread to share them."""
+        if self.threads < 2 or op is None or len(values) < 2:
+            return False
+        first = values[0]
+        if not isinstance(first, np.ndarray) or first.nbytes < PARALLEL_BYTES:
+            return False
+        return all(isinstance(v, np.ndarray) and v.shape == first.shape for v in values)
+
+    def reduce(self, values, op, weights):
+        """``reduce_values(values, op, weights)``, by chunks on the pool's threads."""
+        flat = [v.reshape(-1) for v in values]
+        size = flat[0].size
+        head = _accumulated([v[:CHUNK_ELEMENTS] for v in flat], op, weights)  # gives the result's dtype
+        out = np.empty(size, head.dtype)
+        out[:head.size] = head
+        chunks = range(CHUNK_ELEMENTS, size, CHUNK_ELEMENTS)
+        per_task = -(-len(chunks) // self.threads)
+        tasks = [chunks[i:i + per_task] for i in range(0, len(chunks), per_task)]
+
+        def run(starts):
+            for start in starts:
+                stop = min(start + CHUNK_ELEMENTS, size)
+                out[start:stop] = _accumulated([v[start:stop] for v in flat], op, weights)
+
+        if tasks:
+            list(self._pool().map(run, tasks))
+        return out.reshape(values[0].shape)
+
+    def _pool(self):
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="synk-reduce")
+            return self._executor
+
+    def close(self):
+        """Stop the threads (a later reduction starts them again)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)

@@ -38,7 +38,7 @@ def take_reduced(device, specs, mine, replies, weighted=True):
     return host
 
 
-def reduce_results(per_rank, subset, output_modes, what):
+def reduce_results(per_rank, subset, output_modes, what, pool=None):
     """Combine the ranks' outputs.
 
     Parameters
@@ -50,6 +50,8 @@ def reduce_results(per_rank, subset, output_modes, what):
         Every output's reduce mode.
     what : str
         The function, for messages.
+    pool : _reduce.ChunkPool, optional
+        Threads that reduce large outputs by chunks.
     """
     ranks = [r for r in sorted(per_rank) if per_rank[r][1] is not None]
     if not ranks:
@@ -67,5 +69,5 @@ def reduce_results(per_rank, subset, output_modes, what):
             raise ValueError("output %d of %s has shapes %s on ranks %s: an output reduced with %r "
                              "needs one shape on every rank (reduce mode None returns each rank's "
                              "value)" % (i, what, shapes, ranks, mode))
-        results.append(reduce_values(values, mode, weights))
+        results.append(reduce_values(values, mode, weights, pool))
     return results

@@ -35,6 +35,7 @@ from ._pickling import dumps_cores, sendable
 from ._precompile import compile_shares, graph_size, is_numba, precompile
 from ._protocol import CommInit, Distribute, spin_seconds
 from ._publish import HostPublisher
+from ._reduce import ChunkPool
 from ._registry import Registry
 from ._service import Service
 
@@ -213,6 +214,7 @@ class Runtime:
         self.foreign = False  # True in a child forked from the owner (see the module docstring)
         self.lock = threading.RLock()  # held by every public call (see ``locked``)
         self.service = Service()  # evaluations for child processes (see ``_service``)
+        self.reduce_pool = ChunkPool()  # the master's threads for reducing large outputs
 
     # ------------------------------------------------------------- queries
     @property
@@ -365,6 +367,7 @@ class Runtime:
         t0 = time.monotonic()
         with _sigint_deferred():
             self.service.close()
+            self.reduce_pool.close()
             _launch.stop(self.workers, failed)
             for data in self.registry.datas:
                 data._release()

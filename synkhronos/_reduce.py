@@ -25,7 +25,10 @@ __all__ = ["REDUCE_OPS", "check_op", "identity", "Accumulator", "ChunkPool", "re
 # A value at least this large is reduced by the pool's threads: below it, handing
 # chunks to threads costs about what it saves.
 PARALLEL_BYTES = 1 << 20
-CHUNK_ELEMENTS = 1 << 15  # a chunk's temporaries (one per rank at most) stay in a core's cache
+CHUNK_ELEMENTS = 1 << 17  # a chunk's accumulator stays in a core's cache while every rank's adds to it
+# With fewer threads, memory bandwidth, not the cores, bounds a reduction, and the
+# hand-off to threads made it slower than one pass in the master's thread.
+MIN_THREADS = 4
 
 REDUCE_OPS = ("avg", "sum", "prod", "max", "min", None)
 
@@ -148,10 +151,32 @@ def reduce_values(values, op, weights=None, pool=None):
 
 
 def _accumulated(values, op, weights):
-    acc = Accumulator(op)
-    for i, v in enumerate(values):
-        acc.add(v, 1 if weights is None else weights[i])
-    return acc.result()
+    """The reduction of several values in one pass, in place where the dtypes
+    allow.  An ``avg`` over equal weights (rows split evenly, or collectives)
+    is the sum divided by the number of values: one pass with no temporaries."""
+    if op == "avg" and (weights is None or len(set(weights)) == 1):
+        total = _accumulated(values, "sum", None)
+        if total.dtype.kind in "fc":
+            return np.true_divide(total, len(values), out=total)
+        return np.asarray(total / len(values))
+    if op is None or not all(isinstance(v, np.ndarray) for v in values):
+        acc = Accumulator(op)
+        for i, v in enumerate(values):
+            acc.add(v, 1 if weights is None else weights[i])
+        return acc.result()
+    if op == "avg":
+        acc = Accumulator("avg")
+        for v, w in zip(values, weights):
+            acc.add(v, w)
+        return acc.result()
+    shape = values[0].shape
+    if any(v.shape != shape for v in values):
+        raise ValueError("cannot %s values of shapes %s: values reduced together must have one shape"
+                         % (op, sorted({v.shape for v in values})))
+    acc = np.array(values[0], dtype=np.result_type(*values))
+    for v in values[1:]:
+        _BINARY[op](acc, v, out=acc)
+    return acc
 
 
 class ChunkPool:
@@ -174,7 +199,7 @@ class ChunkPool:
     def takes(self, values, op):
         """Whether ``values`` are worth reducing by chunks: several arrays of one
         shape, large enough, and more than one thread to share them."""
-        if self.threads < 2 or op is None or len(values) < 2:
+        if self.threads < MIN_THREADS or op is None or len(values) < 2:
             return False
         first = values[0]
         if not isinstance(first, np.ndarray) or first.nbytes < PARALLEL_BYTES:
@@ -189,7 +214,7 @@ class ChunkPool:
         out = np.empty(size, head.dtype)
         out[:head.size] = head
         chunks = range(CHUNK_ELEMENTS, size, CHUNK_ELEMENTS)
-        per_task = -(-len(chunks) // self.threads)
+        per_task = max(1, -(-len(chunks) // self.threads))
         tasks = [chunks[i:i + per_task] for i in range(0, len(chunks), per_task)]
 
         def run(starts):

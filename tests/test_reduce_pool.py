@@ -20,7 +20,7 @@ DTYPES = ("float32", "float64", "int32", "int64")
 
 @pytest.fixture(scope="module")
 def pool():
-    p = ChunkPool(threads=3)
+    p = ChunkPool(threads=_reduce.MIN_THREADS)
     yield p
     p.close()
 
@@ -65,7 +65,7 @@ def test_real_thresholds(pool, elements):
 def test_mixed_shapes_and_one_thread_take_the_one_pass_path():
     a, b = np.ones((1 << 19,), "float32"), np.ones((1 << 18, 2), "float32")
     assert not ChunkPool(threads=4).takes([a, b], "sum")
-    assert not ChunkPool(threads=1).takes([a, a], "sum")
+    assert not ChunkPool(threads=_reduce.MIN_THREADS - 1).takes([a, a], "sum")
     assert not ChunkPool(threads=4).takes([a, a], None)
     with pytest.raises(ValueError, match="one shape"):
         reduce_values([a, b], "sum", pool=ChunkPool(threads=4))

@@ -30,7 +30,7 @@ lists others).  Reported per N: the median step, the speedup of Synkhronos over
 the best single process (medians of per-round ratios), that speedup per rank,
 and Synkhronos against the raw processes.  Configurations are interleaved over
 ``--repeats`` rounds; compile time is excluded (a first process fills the
-caches) and each configuration's set-up time is recorded.
+caches; not with ``--quick``) and each configuration's set-up time is recorded.
 
 ``python benchmarks/cpu_scaling.py --quick`` is a smoke run.  Results go to
 ``benchmarks/results/cpu_scaling[_likelihood].json`` unless ``--out`` says otherwise.
@@ -376,7 +376,8 @@ def main(argv=None):
         what = "logistic log-likelihood and gradient, %d x %d float64" % (args.rows, FEATURES)
     print("%s; %d steps per configuration; N = %s; %d round(s)\n" % (what, args.steps, ns, args.repeats),
           flush=True)
-    warm = [run_child("single", 0, args, linker) for linker in SINGLES[args.workload]]  # fills the caches
+    # Fills the compile caches (a smoke run takes its first round as it comes).
+    warm = [] if args.quick else [run_child("single", 0, args, linker) for linker in SINGLES[args.workload]]
     runs = measure(args, ns)
     summary, singles, best_linkers = summarize(runs, ns)
     report(args, summary, singles, best_linkers)

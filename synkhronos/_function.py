@@ -74,10 +74,10 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
     check_sliceable(sliceable, out_vars + [u for _, u in update_pairs] + [g for _, g in given_pairs])
     index = rt.registry.next_function_index()
     t0 = time.monotonic()
-    plain, kwargs = compile_for_device(rt.device, scat + bcast, out_vars, update_pairs, given_pairs, kwargs,
-                                       "#%d" % index)
-    logger.debug("function %s built by PyTensor in %.2f s (%s)", repr(plain.name) if plain.name
-                 else "#%d" % index, time.monotonic() - t0, type(plain.maker.linker).__name__)
+    plain, kwargs, why = compile_for_device(rt.device, scat + bcast, out_vars, update_pairs, given_pairs,
+                                            kwargs, "#%d" % index)
+    logger.debug("function %s built by PyTensor in %.2f s; linker %s: %s", repr(plain.name) if plain.name
+                 else "#%d" % index, time.monotonic() - t0, type(plain.maker.linker).__name__, why)
     core = FunctionCore(index, plain, scat + bcast, len(scat), out_vars, out_modes,
                         update_pairs, update_modes, given_pairs, sliceable, kwargs)
     fn = Function(core, single, rt)

@@ -38,22 +38,36 @@ def device_kwargs(device, kwargs):
     return kwargs
 
 
+def linker_reason(device, given):
+    """Why a function compiled with the user's ``given`` keyword arguments gets
+    the linker it gets on ``device``, as the debug log line says it."""
+    if "mode" in given:
+        return "the mode the function names"
+    if device.jax_default:
+        return "CPU ranks' default (JAX: fastest on every kind of graph measured)"
+    if device.name == "gpu":
+        return "GPU ranks run JAX"
+    return "PyTensor's mode from its flags"
+
+
 def compile_for_device(device, inputs, outputs, updates, givens, kwargs, label):
     """Compile the plain PyTensor function of a Synkhronos function for
-    ``device``; returns it and the keyword arguments it was compiled with.
-    ``kwargs`` are the user's; ``label`` names the function in the log line."""
+    ``device``; returns it, the keyword arguments it was compiled with, and why
+    it has its linker (for the log).  ``kwargs`` are the user's; ``label``
+    names the function in the log line."""
     given = kwargs
     kwargs = device_kwargs(device, given)
     if links_with_jax(kwargs.get("mode")):  # before PyTensor's JAX linker starts the backend
         device.start_jax_pool()
     by_default = "mode" not in given and device.jax_default
     try:
-        return compile_function(inputs, list(outputs), updates=updates, givens=givens, **kwargs), kwargs
+        plain = compile_function(inputs, list(outputs), updates=updates, givens=givens, **kwargs)
+        return plain, kwargs, linker_reason(device, given)
     except NotImplementedError as exc:
         if not by_default:
             raise
-        logger.info("function %s: JAX cannot compile it (%s); it compiles with PyTensor's "
-                    "default linker instead", repr(given["name"]) if given.get("name") else label,
-                    str(exc).splitlines()[0])
+        reason = "JAX cannot compile it (%s)" % str(exc).splitlines()[0]
+        logger.info("function %s: %s; it compiles with PyTensor's default linker instead",
+                    repr(given["name"]) if given.get("name") else label, reason)
     kwargs = device_kwargs(device, dict(given, mode="Mode"))
-    return compile_function(inputs, list(outputs), updates=updates, givens=givens, **kwargs), kwargs
+    return compile_function(inputs, list(outputs), updates=updates, givens=givens, **kwargs), kwargs, reason

@@ -28,6 +28,7 @@ class Keep(logging.Handler):
         records.append(record.getMessage())
 
 logging.getLogger("synkhronos").addHandler(Keep())
+logging.getLogger("synkhronos").setLevel(logging.DEBUG)  # each function's linker, and why
 pytensor.config.floatX = "float32"
 synk.fork(2, use_gpu=False)
 x = pt.matrix("x", dtype="float32")
@@ -104,3 +105,14 @@ def test_values_a_jax_function_updated_are_read_by_other_linkers(report):
 
 def test_a_mode_named_by_the_user_stands(report):
     assert report["out"]["numba_named"][0] == "NumbaLinker"
+
+
+def test_the_log_says_which_linker_each_function_got_and_why(report):
+    def built(name):
+        lines = [m for m in report["log"] if "built by PyTensor" in m and repr(name) in m]
+        assert len(lines) == 1, report["log"]
+        return lines[0]
+
+    assert "linker JAXLinker: CPU ranks' default" in built("plain")
+    assert "JAX cannot compile it" in built("custom_op") and "Sleepy" in built("custom_op")
+    assert "linker NumbaLinker: the mode the function names" in built("numba_named")

@@ -139,6 +139,7 @@ def spawn_processes(rt):
             profile=bool(rt.profile_workers), profile_dir=tempfile.gettempdir(),
             tmpdir=tmpdir, sys_path=path, spin=rt.spin, log_level=log_level, channel=names,
             thread_share=getattr(rt.device, "threads", None),
+            threads=getattr(rt.device, "thread_choice", None),
         ))
         if flags:
             extra = ",".join("%s=%s" % kv for kv in flags.items())

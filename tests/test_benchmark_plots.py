@@ -75,8 +75,8 @@ def _machine(gpus=None):
 # ------------------------------------------------------------ CPU benchmarks, run
 def test_cpu_scaling_writes_png(tmp_path):
     out = str(tmp_path / "cpu_scaling.json")
-    proc = _run_ok(os.path.join(BENCH, "cpu_scaling.py"), "--quick", "--max-n", "2", "--batch", "256",
-                   "--steps", "2", "--out", out)
+    proc = _run_ok(os.path.join(BENCH, "cpu_scaling.py"), "--quick", "--ns", "2", "--no-procs",
+                   "--batch", "256", "--steps", "2", "--out", out)
     png = str(tmp_path / "cpu_scaling.png")
     assert png in proc.stdout
     with open(out) as f:

@@ -169,3 +169,82 @@ def test_a_pool_loaded_after_fork_gets_the_share_too(no_thread_vars):
         pytest.skip("no BLAS was loaded after fork() here: %s" % sorted(in_session))
     assert all(after[lib] == usable_cores() for lib in later), after
     assert all(v is None for v in json.loads(lines["env"]).values()), lines["env"]
+
+
+@pytest.mark.parametrize("cores, ranks", [(16, 9), (16, 12), (16, 6), (16, 16), (16, 8), (2, 2), (2, 4),
+                                          (5, 3)])
+def test_jax_pools_cover_every_core_when_ranks_do_not_divide_them(monkeypatch, cores, ranks):
+    """By the rule, each rank's JAX pool is its stretch of ceil(cores / ranks)
+    cores: every core has a pool (none idle, as with 9 ranks of one core each on
+    16), no core more than two, and ranks that divide the cores share none."""
+    from synkhronos._devices.cpu import core_share
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(100, 100 + cores)))
+    pools = [core_share(i, max(1, cores // ranks), ranks) for i in range(ranks)]
+    width = -(-cores // ranks)
+    assert all(len(p) == min(width, cores) for p in pools), pools
+    counts = [sum(c in p for p in pools) for c in range(100, 100 + cores)]
+    assert min(counts) >= 1, "every core has a pool: %s" % pools
+    if ranks <= cores:
+        assert max(counts) <= 2, pools
+    if cores % ranks == 0:
+        assert max(counts) == 1, pools
+    # The user's threads= stays as it was: k cores each, rank after rank.
+    k = min(3, cores)
+    assert core_share(1, 3, None) == tuple(100 + (k + j) % cores for j in range(k))
+
+
+_BUSY_THREADS = """
+import json, os
+import numpy as np, pytensor, pytensor.tensor as pt
+import synkhronos as synk
+synk.fork(2, use_gpu=False)
+x = pt.matrix("x", dtype="float32")
+w = pytensor.shared(np.full((512, 512), 0.01, "float32"))
+h = x
+for _ in range(8):
+    h = pt.tanh(h @ w)
+f = synk.function([x], outputs=(h.sum(), "sum"), mode="JAX")
+synk.distribute()
+xd = synk.data(np.ones((2048, 512), "float32"))
+f(xd)
+workers = [w.process.pid for w in synk._runtime.current().dispatcher.workers.values()]
+
+def threads(pid):
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12]), sorted(os.sched_getaffinity(int(tid))))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+before = {p: threads(p) for p in workers}
+for _ in range(20):
+    f(xd)
+after = {p: threads(p) for p in workers}
+busy = {p: [(tid, t - before[p][tid][0], cores) for tid, (t, cores) in after[p].items()
+            if tid in before[p] and tid != p and t - before[p][tid][0] >= 5] for p in workers}
+print("busy", json.dumps(list(busy.values())))
+synk.close()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread CPU times from /proc (Linux)")
+def test_a_workers_busy_threads_run_on_its_share_only(no_thread_vars):
+    """Counted, not assumed: the threads of each worker that used CPU time while
+    it computed (its main thread aside) may run on its share of the cores only,
+    and there are no more of them than two per core of its share."""
+    pytest.importorskip("jax")
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    proc = subprocess.run([sys.executable, "-c", _BUSY_THREADS], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    busy = json.loads(dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)["busy"])
+    share = max(1, usable_cores() // 2)
+    assert all(busy), "every worker computed on some thread: %s" % busy
+    for threads in busy:
+        assert len(threads) <= 2 * share, threads
+        assert all(len(cores) == share for _, _, cores in threads), threads

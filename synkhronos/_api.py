@@ -11,6 +11,7 @@ import math
 import numbers
 import threading
 import time
+import warnings
 
 from . import _mpi, _runtime
 from ._devices import select_device
@@ -61,7 +62,7 @@ def _one_at_a_time(fn):
 
 @_one_at_a_time
 def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
-         max_n_var=1000, max_dim=16, precision="highest", timeout=DEFAULT_TIMEOUT, threads=None):
+         max_n_var=None, max_dim=None, precision="highest", timeout=DEFAULT_TIMEOUT, threads=None):
     """Start the worker processes.  Call before building Synkhronos functions.
 
     Parameters
@@ -77,7 +78,8 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     profile_workers : bool, optional
         Record a cProfile of each worker, written to the temp directory on close.
     max_n_var, max_dim : int, optional
-        Accepted for compatibility; nothing here needs fixed sizes.
+        Accepted for 2017 scripts and checked, with a warning that they do
+        nothing: nothing here needs fixed sizes.
     precision : {'highest', 'tf32', 'bf16'}, optional
         How float32 matrix products and convolutions are computed:
         ``'highest'`` (default) in full float32, so results match PyTensor on
@@ -184,8 +186,13 @@ def _check_fork_args(use_gpu, profile_workers, max_n_var, max_dim, precision, ti
         raise TypeError("use_gpu must be None, True or False, got %r" % (use_gpu,))
     if not isinstance(profile_workers, bool):
         raise TypeError("profile_workers must be True or False, got %r" % (profile_workers,))
-    _check_int(max_n_var, "max_n_var", 1)
-    _check_int(max_dim, "max_dim", 1)
+    dead = (("max_n_var", max_n_var), ("max_dim", max_dim))  # the 2017 API's, which nothing needs now
+    given = {name: value for name, value in dead if value is not None}
+    for name, value in given.items():
+        _check_int(value, name, 1)
+    if given:
+        warnings.warn("fork(): %s do%s nothing (nothing here needs fixed sizes); accepted for 2017 scripts"
+                      % (" and ".join(given), "" if len(given) > 1 else "es"), UserWarning, stacklevel=4)
     if not isinstance(precision, str) or precision not in _PRECISIONS:
         raise ValueError("precision must be 'highest' (full float32), 'tf32' or 'bf16', got %r"
                          % (precision,))

@@ -56,7 +56,9 @@ def test_compat_module_names():
 
 def test_status_lines_lifecycle_and_refork(caplog):
     caplog.set_level("INFO", logger="synkhronos")  # status lines are log records (tests/test_logging.py)
-    assert synk.fork(2, use_gpu=False, max_n_var=10, max_dim=4) == 2
+    with pytest.warns(UserWarning, match=r"max_n_var and max_dim do nothing") as said:
+        assert synk.fork(2, use_gpu=False, max_n_var=10, max_dim=4) == 2
+    assert said[0].filename == __file__, "the warning points at the caller's line"
     out = caplog.text
     assert "Synkhronos attempting to use 2 of" in out
     assert "Synkhronos: 2 CPU workers initialized, master rank: 0" in out

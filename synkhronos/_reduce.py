@@ -90,8 +90,7 @@ class Accumulator:
             return
         value = np.asarray(value)
         if self._acc is not None and value.shape != self._acc.shape:
-            raise ValueError("cannot %s values of shapes %s and %s: values reduced together must have one "
-                             "shape" % (self.op, self._acc.shape, value.shape))
+            raise _shape_error(self.op, [self._acc.shape, value.shape])
         if self.op == "avg":
             term = value * weight if weight != 1 else value.copy()
             self._acc = term if self._acc is None else np.add(self._acc, term, out=_writable(self._acc, term))
@@ -117,6 +116,13 @@ class Accumulator:
                 out = out.astype(dtype, copy=False)
             return np.asarray(out)
         return np.asarray(self._acc)
+
+
+def _shape_error(op, shapes):
+    """The error for values of several shapes reduced together (numpy would
+    broadcast a length-1 axis against the others without a word)."""
+    return ValueError("cannot %s values of shapes %s: values reduced together must have one shape"
+                      % (op, " and ".join(str(s) for s in dict.fromkeys(shapes))))
 
 
 def _writable(acc, value):
@@ -159,20 +165,13 @@ def _accumulated(values, op, weights):
         if total.dtype.kind in "fc":
             return np.true_divide(total, len(values), out=total)
         return np.asarray(total / len(values))
-    if op is None or not all(isinstance(v, np.ndarray) for v in values):
+    if op in (None, "avg") or not all(isinstance(v, np.ndarray) for v in values):  # (avg: unequal weights)
         acc = Accumulator(op)
         for i, v in enumerate(values):
             acc.add(v, 1 if weights is None else weights[i])
         return acc.result()
-    if op == "avg":
-        acc = Accumulator("avg")
-        for v, w in zip(values, weights):
-            acc.add(v, w)
-        return acc.result()
-    shape = values[0].shape
-    if any(v.shape != shape for v in values):
-        raise ValueError("cannot %s values of shapes %s: values reduced together must have one shape"
-                         % (op, sorted({v.shape for v in values})))
+    if any(v.shape != values[0].shape for v in values):
+        raise _shape_error(op, [v.shape for v in values])
     acc = np.array(values[0], dtype=np.result_type(*values))
     for v in values[1:]:
         _BINARY[op](acc, v, out=acc)
@@ -198,7 +197,7 @@ class ChunkPool:
 
     def takes(self, values, op):
         """Whether ``values`` are worth reducing by chunks: several arrays of one
-        shape, large enough, and more than one thread to share them."""
+        shape, large enough, and at least ``MIN_THREADS`` threads to share them."""
         if self.threads < MIN_THREADS or op is None or len(values) < 2:
             return False
         first = values[0]

@@ -36,7 +36,8 @@ def _values(rng, n, shape, dtype):
        size=st.integers(1, 70), cols=st.sampled_from([1, 3]), weighted=st.booleans(), seed=st.integers(0, 99))
 def test_chunks_give_the_one_pass_result_to_the_bit(pool, op, dtype, ranks, size, cols, weighted, seed):
     """Thresholds made tiny (8 elements a chunk, 64 bytes) so that sizes cross
-    them: below, at and above a chunk, one element past, many chunks."""
+    them: below, at and above a chunk, one element past, many chunks.  Both
+    paths also equal a plain numpy model."""
     rng = np.random.default_rng(seed)
     values = _values(rng, ranks, (size, cols), dtype)
     weights = [int(w) for w in rng.integers(1, 9, ranks)] if weighted else None
@@ -48,6 +49,18 @@ def test_chunks_give_the_one_pass_result_to_the_bit(pool, op, dtype, ranks, size
         assert pool.takes(values, op) == (values[0].nbytes >= 64)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(want, _numpy_model(values, op, weights), rtol=1e-5, atol=1e-6)
+
+
+def _numpy_model(values, op, weights):
+    """The reduction in float64 numpy, one stacked array: what both paths must equal."""
+    stacked = np.stack(values).astype("float64")
+    if op == "avg" and weights is None and values[0].dtype.kind == "i":
+        return np.trunc(stacked.sum(axis=0) / len(values))  # truncated toward zero, as collectives give it
+    if op == "avg":
+        w = np.ones(len(values)) if weights is None else np.asarray(weights, "float64")
+        return np.tensordot(w, stacked, axes=1) / w.sum()
+    return {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](stacked, axis=0)
 
 
 @pytest.mark.parametrize("elements", [_reduce.PARALLEL_BYTES // 4 - 1, _reduce.PARALLEL_BYTES // 4,
@@ -72,11 +85,15 @@ def test_mixed_shapes_and_one_thread_take_the_one_pass_path():
 
 
 def test_large_outputs_of_a_session_equal_numpy():
-    """A 2 MB output per rank under each mode, rows split unevenly (7 rows on 2
-    ranks), and an all_reduce of a 2 MB shared variable."""
+    """A 1 MiB output per rank (the pool's threshold) under each mode, rows
+    split unevenly (7 rows on 2 ranks), and an all_reduce of a 2 MiB shared
+    variable, through a pool of MIN_THREADS threads whatever the machine's cores."""
     rng = np.random.default_rng(0)
-    xv = rng.standard_normal((7, 1 << 16)).astype("float32")
+    xv = rng.standard_normal((7, 1 << 18)).astype("float32")
     synk.fork(2, use_gpu=False)
+    rt = synk._runtime.current()
+    rt.reduce_pool.close()
+    rt.reduce_pool = ChunkPool(threads=_reduce.MIN_THREADS)
     try:
         x = pt.matrix("x", dtype="float32")
         per_rank = x.sum(axis=0) * 1  # one row-sum per rank
@@ -86,6 +103,7 @@ def test_large_outputs_of_a_session_equal_numpy():
         g = synk.function([x], (x.sum(), "sum"), updates=[(s, s + x[0, 0])])
         synk.distribute()
         got = f(synk.data(xv))
+        assert rt.reduce_pool._executor is not None, "the pool reduced the outputs"
         halves = [xv[:4], xv[4:]]  # the master's rank takes the first, larger share
         sums = [h.sum(axis=0) for h in halves]
         np.testing.assert_allclose(got[0], sums[0] + sums[1], rtol=1e-5, atol=1e-5)
@@ -99,3 +117,4 @@ def test_large_outputs_of_a_session_equal_numpy():
             np.testing.assert_allclose(v, want, rtol=1e-6)
     finally:
         synk.close()
+    assert rt.reduce_pool._executor is None, "close() stopped the pool's threads"

@@ -103,7 +103,8 @@ def core_share(index, threads, ranks=None):
     usable = sorted(os.sched_getaffinity(0))
     n = len(usable)
     if ranks is None:
-        k, start = min(threads, n), (index * min(threads, n)) % n
+        k = min(threads, n)
+        start = index * k % n
     else:
         k, start = min(-(-n // ranks), n), (index % ranks) * n // ranks
     return tuple(usable[(start + j) % n] for j in range(k))

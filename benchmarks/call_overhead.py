@@ -15,7 +15,7 @@ medians reported, because the machine may be shared and noisy):
     every worker) sleeps once per call, so this shows how much of the overhead
     is that effect.  For context, the median round trip of a small pickled
     message between two plain processes is measured too, over a socket pair and
-    through the shared-memory channel Synkhronos's workers use (``_channel``):
+    through the shared-memory channel Synkhronos's workers use (``_wire.channel``):
     the floor of a master/worker protocol on each.
     Target: added overhead <= 150 us median with 2 ranks on a 2-core machine.
 
@@ -125,7 +125,9 @@ def _time_calls(fn, n, sleep_before=0.0):
 # ------------------------------------------------------------------- floors
 def _echo_server(conn, names, spin):
     if names:
-        from synkhronos._channel import ShmChannel  # private on purpose: the floor is the library's channel
+        from synkhronos._wire.channel import (
+            ShmChannel,  # private on purpose: the floor is the library's channel
+        )
 
         conn = ShmChannel(conn, spin, names, master=False)
     while True:
@@ -140,9 +142,9 @@ def pipe_floor(calls, repeats, transport="socket"):
     over a socket pair (``Connection``, blocking reads), or through Synkhronos's
     shared-memory channel (``"shm"``, as its workers wait: polling, then sleeping)."""
     # Private modules on purpose: this floor measures the library's own shared-memory channel.
-    from synkhronos._channel import ShmChannel, shm_channel_names
-    from synkhronos._protocol import spin_seconds
-    from synkhronos._shmem import new_token
+    from synkhronos._common.env import spin_seconds
+    from synkhronos._wire.channel import ShmChannel, shm_channel_names
+    from synkhronos._wire.shared_memory import new_token
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     names = shm_channel_names(new_token(), 1) if transport == "shm" else None

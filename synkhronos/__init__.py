@@ -10,7 +10,6 @@ Build graphs with PyTensor as usual, call ``synkhronos.function`` instead of
     r = f(synk.data(x_dat), synk.data(y_dat))
 """
 
-from . import _log
 from ._api import close, device_kind, distribute, fork, gpus, mpi_launched, n_parallel, synchronize
 from ._collectives import (
     all_gather,
@@ -24,13 +23,14 @@ from ._collectives import (
     scatter,
     set_value,
 )
+from ._common import log
 from ._data import Data, data
 from ._function import Function, function
 from .exceptions import StallError, WorkerError
 
 __version__ = "0.2.0"
 
-_log.configure()  # raises for a malformed SYNKHRONOS_LOG_LEVEL
+log.configure()  # raises for a malformed SYNKHRONOS_LOG_LEVEL
 
 __all__ = [
     "fork",

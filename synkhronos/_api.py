@@ -13,9 +13,9 @@ import threading
 import time
 import warnings
 
-from . import _mpi, _runtime
 from ._devices import select_device
-from ._protocol import Sync
+from ._session import mpi, runtime
+from ._wire.protocol import Sync
 
 __all__ = ["fork", "distribute", "close", "synchronize", "n_parallel", "device_kind", "gpus", "mpi_launched"]
 
@@ -92,7 +92,7 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         elementwise work on them: normalization, ReLU, residual adds, and their
         gradients) are stored in bfloat16, while parameters, optimizer state,
         reductions (batch-norm statistics), softmax, the loss, collectives and
-        every output stay float32; the rule is in ``synkhronos._mixed``.  GPU
+        every output stay float32; the rule is in ``synkhronos._graph.bf16``.  GPU
         ranks run it on bfloat16 tensor cores; other linkers emulate it with
         numpy (slowly) and give the same numbers up to float32 summation order.
         Plain PyTensor functions are never changed.
@@ -151,11 +151,11 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     TypeError, ValueError
         For malformed arguments.
     """
-    if _runtime.current() is not None:
+    if runtime.current() is not None:
         raise RuntimeError("Synkhronos is already forked: call synkhronos.close() before forking again")
     timeout = _check_fork_args(use_gpu, profile_workers, max_n_var, max_dim, precision, timeout)
     threads = None if threads is None else _check_int(threads, "threads", 1)
-    if _mpi.launched():
+    if mpi.launched():
         return _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout, threads)
     device = select_device(use_gpu, precision)
     available = device.available()
@@ -171,7 +171,7 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     device.configure_jax()
     logger.info("Synkhronos attempting to use %d of %d detected %s...", n, available, device.label)
     t0 = time.monotonic()
-    _runtime.start(n, master_rank, device, bool(profile_workers), timeout)
+    runtime.start(n, master_rank, device, bool(profile_workers), timeout)
     logger.info("Synkhronos: %d %s initialized, master rank: %d%s",
                 n, "CPU workers" if device.name == "cpu" else "GPUs", master_rank,
                 ", " + device.status if device.status else "")
@@ -200,14 +200,14 @@ def _check_fork_args(use_gpu, profile_workers, max_n_var, max_dim, precision, ti
 
 
 def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, timeout, threads):
-    """``fork()`` in a process of an MPI launch (see ``synkhronos._mpi``): rank 0
+    """``fork()`` in a process of an MPI launch (see ``synkhronos._session.mpi``): rank 0
     becomes the master; every other rank serves it and ends its process."""
-    cluster = _mpi.cluster()
+    cluster = mpi.cluster()
     if cluster.rank != 0:
-        from ._worker import mpi_main
+        from ._session.worker import mpi_main
 
         mpi_main(cluster)  # never returns
-    _mpi.check_unused()
+    mpi.check_unused()
     if not _launch_end["registered"]:
         atexit.register(_end_mpi_launch, cluster)
         _launch_end["registered"] = True
@@ -228,15 +228,15 @@ def _fork_mpi(n_parallel, use_gpu, master_rank, profile_workers, precision, time
     if device.name == "cpu":
         device.share_threads(cluster.ranks_on_my_node(n), threads, cluster.node_index)
     device.configure_jax()
-    _mpi.start_session()
-    _launch_end["session"] = _runtime.start(n, 0, device, bool(profile_workers), timeout, cluster)
+    mpi.start_session()
+    _launch_end["session"] = runtime.start(n, 0, device, bool(profile_workers), timeout, cluster)
     logger.info("Synkhronos: %d %s initialized on %d host%s, master rank: 0%s", n,
                 "CPU workers" if device.name == "cpu" else "GPUs", hosts, "s" if hosts > 1 else "",
                 ", " + device.status if device.status else "")
     return n
 
 
-@_runtime.action("distribute()")
+@runtime.action("distribute()")
 def distribute():
     """Replicate the Synkhronos functions built so far, and their shared
     variables, in the workers.  Call after building functions and before
@@ -262,7 +262,7 @@ def distribute():
         module it cannot import).  The session is closed then, since its ranks
         no longer hold the same functions.
     """
-    rt = _runtime.require()
+    rt = runtime.require()
     if rt.distributed and not any(rt.registry.undistributed()):
         return
     logger.info("Synkhronos distributing functions...")
@@ -274,10 +274,10 @@ def distribute():
 def close():
     """Stop the workers and release all shared memory.  Idempotent; also runs
     at exit.  After ``close()``, ``fork()`` may start a new session."""
-    _runtime.shutdown()
+    runtime.shutdown()
 
 
-@_runtime.action("synchronize()")
+@runtime.action("synchronize()")
 def synchronize():
     """Wait until every rank has finished all the work queued on its device.
 
@@ -294,7 +294,7 @@ def synchronize():
     WorkerError
         If a worker failed, now or in a collective queued earlier.
     """
-    rt = _runtime.require()
+    rt = runtime.require()
     rt.dispatcher.request(Sync(), local=lambda: rt.device.synchronize(rt.registry.shareds))
 
 
@@ -306,7 +306,7 @@ def n_parallel():
     RuntimeError
         If not forked.
     """
-    return _runtime.require().n_parallel
+    return runtime.require().n_parallel
 
 
 def device_kind():
@@ -317,7 +317,7 @@ def device_kind():
     RuntimeError
         If not forked.
     """
-    return _runtime.require().device.name
+    return runtime.require().device.name
 
 
 def gpus():
@@ -328,7 +328,7 @@ def gpus():
     Under an MPI launch, this host's."""
     from ._devices import visible_gpus
 
-    rt = _runtime.current()
+    rt = runtime.current()
     if rt is None or rt.foreign:
         return visible_gpus()
     if rt.device.name != "gpu":
@@ -341,7 +341,7 @@ def mpi_launched():
     (``mpirun``, ``srun``, ...; ``SYNKHRONOS_MPI=0`` says no).  Then every rank
     runs the script and only rank 0 returns from ``fork()`` (see "Several
     machines" in the docs)."""
-    return _mpi.launched()
+    return mpi.launched()
 
 
 # The MPI launch this process is rank 0 of: whether its end is registered, and its session.
@@ -351,12 +351,12 @@ _launch_end = {"registered": False, "session": None}
 def _end_mpi_launch(cluster):
     """At the master's exit under MPI: close the session, release ranks still
     waiting for one, and finalize MPI with them, unless the session failed."""
-    _runtime.shutdown()  # workers leave their loops before the master's finalize, which waits for them
+    runtime.shutdown()  # workers leave their loops before the master's finalize, which waits for them
     session = _launch_end["session"]
     if session is None:
-        _mpi.refuse_workers(cluster)
+        mpi.refuse_workers(cluster)
     if session is None or not session.failed:
-        _mpi.finalize()
+        mpi.finalize()
 
 
-atexit.register(_runtime.shutdown)  # runs after _end_mpi_launch, registered later
+atexit.register(runtime.shutdown)  # runs after _end_mpi_launch, registered later

@@ -4,16 +4,16 @@ import numbers
 
 import numpy as np
 
-from . import _runtime
-from ._dtypes import as_array as _as_array
-from ._dtypes import check_dtype as _check_dtype
-from ._dtypes import check_flag as _check_flag
-from ._dtypes import check_oversize as _check_oversize
-from ._dtypes import described as _described
-from ._dtypes import fit_to as _fit_to
-from ._plan import brief
-from ._protocol import DropData, MapData
-from ._shmem import DataMemory
+from ._common.brief import brief
+from ._common.values import as_array as _as_array
+from ._common.values import check_dtype as _check_dtype
+from ._common.values import check_flag as _check_flag
+from ._common.values import check_oversize as _check_oversize
+from ._common.values import described as _described
+from ._common.values import fit_to as _fit_to
+from ._session import runtime
+from ._wire.protocol import DropData, MapData
+from ._wire.shared_memory import DataMemory
 
 __all__ = ["Data", "data"]
 
@@ -41,7 +41,7 @@ class Data:
     """
 
     def __init__(self, ID, dtype, ndim, minibatch=False, name=None):
-        self._rt = _runtime.require()
+        self._rt = runtime.require()
         self._ID = ID
         self._dtype = np.dtype(dtype)
         self._dtype_name = self._dtype.name
@@ -189,7 +189,7 @@ class Data:
         """How messages name this object: its name, or its number in the session."""
         return repr(self._name) if self._name else "#%d" % self._ID
 
-    @_runtime.action("Data.set_value()")
+    @runtime.action("Data.set_value()")
     def set_value(self, input_data, force_cast=False, oversize=1):
         """(Over)write the values; change the shape and reallocate if needed.
 
@@ -217,7 +217,7 @@ class Data:
         self._reshape(arr.shape, oversize, keep=False)
         self._array[...] = arr
 
-    @_runtime.action("Data.set_length()")
+    @runtime.action("Data.set_length()")
     def set_length(self, length, oversize=1):
         """Change the length (axis 0), keeping the other dimensions.
 
@@ -231,7 +231,7 @@ class Data:
         tail = self.shape[1:] if self._array is not None else (0,) * (self._ndim - 1)
         self.set_shape((int(length),) + tuple(tail), oversize)
 
-    @_runtime.action("Data.set_shape()")
+    @runtime.action("Data.set_shape()")
     def set_shape(self, shape, oversize=1):
         """Change the shape (same ndim).  Values are kept only in the sense of
         ``set_length``; reallocates only if the allocation is too small."""
@@ -243,7 +243,7 @@ class Data:
             raise TypeError("Data has ndim=%d, got shape %r" % (self._ndim, tuple(shape)))
         self._reshape(tuple(int(s) for s in shape), oversize, keep=True)
 
-    @_runtime.action("Data.free_memory()")
+    @runtime.action("Data.free_memory()")
     def free_memory(self):
         """Release the shared memory in the master and the workers; the next
         ``set_value`` allocates anew (the only way to shrink an allocation)."""
@@ -289,7 +289,7 @@ class Data:
             pass
 
 
-@_runtime.action("synkhronos.data()")
+@runtime.action("synkhronos.data()")
 def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=False,
          force_cast=False, oversize=1, name=None):
     """Create a ``Data`` object for function inputs.
@@ -335,7 +335,7 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
 def make_data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, name, argname):
     """``data()``, whose errors about ``value`` name it ``argname``
     (``Function.build_inputs`` names the input it is for)."""
-    rt = _runtime.require()
+    rt = runtime.require()
     minibatch = _check_flag(minibatch, "minibatch")
     force_cast = _check_flag(force_cast, "force_cast")
     if name is not None and not isinstance(name, str):

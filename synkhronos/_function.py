@@ -4,24 +4,32 @@ import logging
 import os
 import time
 
-from . import _log, _runtime
-from ._arguments import as_var_list, check_inputs, check_sliceable, parse_givens, parse_outputs, parse_updates
-from ._call import order_inputs, plan_call
-from ._core import FunctionCore
+from ._call.plan import order_inputs, plan_call
+from ._call.results import in_graph_dtypes, reduce_results, take_reduced
+from ._call.share import device_reduction, run_share, run_share_reduced
+from ._common import log
+from ._common.values import array_fits
 from ._data import Data, make_data
-from ._dtypes import array_fits
-from ._exchange import receive
-from ._linking import compile_for_device
-from ._precompile import precompile
-from ._results import in_graph_dtypes, reduce_results, take_reduced
-from ._run import device_reduction, run_local, run_reduced
+from ._graph.arguments import (
+    as_var_list,
+    check_inputs,
+    check_sliceable,
+    parse_givens,
+    parse_outputs,
+    parse_updates,
+)
+from ._graph.function_core import FunctionCore
+from ._graph.linking import compile_for_device
+from ._graph.precompile import precompile
+from ._session import runtime
+from ._wire.exchange_buffer import unpack
 
 __all__ = ["function", "Function"]
 
 logger = logging.getLogger(__name__)
 
 
-@_runtime.action("synkhronos.function()")
+@runtime.action("synkhronos.function()")
 def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
              sliceable_shareds=None, **kwargs):
     """Build a Synkhronos function: a replacement for ``pytensor.function``.
@@ -63,7 +71,7 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
         For an unknown reduce operation, or a sliceable shared variable that the
         function does not use.
     """
-    rt = _runtime.require()
+    rt = runtime.require()
     scat = as_var_list(inputs, "inputs")
     bcast = as_var_list(bcast_inputs, "bcast_inputs")
     check_inputs(scat, bcast)
@@ -88,8 +96,8 @@ def function(inputs, outputs=None, bcast_inputs=None, updates=None, givens=None,
 class Function:
     """A data-parallel function, returned by ``synkhronos.function()``."""
 
-    def __init__(self, core, single_output, runtime):
-        self._rt = runtime
+    def __init__(self, core, single_output, rt):
+        self._rt = rt
         self._core = core
         self._single = single_output
         self._inputs = core.inputs
@@ -150,7 +158,7 @@ class Function:
             if d._memory.array is None:
                 raise ValueError("input %d (%s) is a Data object with no memory allocated" % (i, var))
 
-    @_runtime.action("Function.build_inputs()")
+    @runtime.action("Function.build_inputs()")
     def build_inputs(self, *args, force_cast=False, oversize=1, minibatch=False, **kwargs):
         """Make ``Data`` objects for this function's inputs, given as if calling
         the PyTensor function.
@@ -242,11 +250,11 @@ class Function:
         own = self._rt
         if own.foreign:
             own.check_owner()
-        with own.lock:  # one call at a time, whichever thread calls (see _runtime.locked)
+        with own.lock:  # one call at a time, whichever thread calls (see runtime.locked)
             return self._call(args, kwargs, output_subset, batch, batch_s, num_slices)
 
     def _call(self, args, kwargs, output_subset, batch, batch_s, num_slices):
-        rt = _runtime.require(distributed=True)
+        rt = runtime.require(distributed=True)
         if rt is not self._rt:
             raise RuntimeError("this function belongs to a closed Synkhronos session; build "
                                "functions again after fork()")
@@ -260,7 +268,7 @@ class Function:
         # On GPUs, outputs of static shape are reduced into the master on the
         # device; every rank makes the same choice from the same facts.
         specs = device_reduction(core, rt.device, plan.subset, plan.num_slices)
-        mine, replies = self._send(rt, plan, specs)
+        mine, replies = self._run_on_ranks(rt, plan, specs)
         if mine is None:
             return []
         if specs is not None:
@@ -268,7 +276,7 @@ class Function:
         else:
             per_rank = {rt.master_rank: mine}
             for r, (weight, tokens) in replies.items():
-                per_rank[r] = (weight, None if tokens is None else receive(tokens, rt.cache))
+                per_rank[r] = (weight, None if tokens is None else unpack(tokens, rt.cache))
             results = reduce_results(per_rank, plan.subset, core.output_modes, self._what, rt.reduce_pool)
             results = in_graph_dtypes(results, [core.out_dtypes[i] for i in plan.subset])
         if output_subset is None and self._single:
@@ -285,20 +293,20 @@ class Function:
         def local():
             args = plan.master_args(m)
             if specs is not None:
-                return run_reduced(core, device, specs, m, plan.weighted, *args)
-            weight, outputs = run_local(core, device, *args)
+                return run_share_reduced(core, device, specs, m, plan.weighted, *args)
+            weight, outputs = run_share(core, device, *args)
             # On the host before the master waits for the workers (they copy theirs meanwhile).
             return weight, outputs if outputs is None else device.to_host(outputs)
 
         return local
 
-    def _send(self, rt, plan, specs):
+    def _run_on_ranks(self, rt, plan, specs):
         """Run ``plan`` on every rank: ``(master's result, workers' replies)``, or
         ``(None, None)`` for a call that was only queued."""
         core = self._core
         key = core.variant_key(plan.subset, plan.num_slices, plan.share_sels[rt.master_rank])
         if key not in self._ran:
-            return self._send_first(rt, plan, specs, key)
+            return self._run_first_on_ranks(rt, plan, specs, key)
         workers = rt.worker_ranks
         messages = plan.messages(core.ID, workers)
         local = self._local(rt, plan, specs)
@@ -317,7 +325,7 @@ class Function:
             if reshaped:
                 rt.registry.forget_shapes(reshaped)
 
-    def _send_first(self, rt, plan, specs, key):
+    def _run_first_on_ranks(self, rt, plan, specs, key):
         """``_send`` for the first call of a variant (``key``): compiled here
         first (Numba), so that the workers load it from PyTensor's warm cache
         instead of each compiling it at once, and announced if it takes long.
@@ -330,12 +338,12 @@ class Function:
         if refusal is not None:
             raise TypeError(str(refusal)) from refusal.__cause__
         compiled = self._core.compiled(*key)
-        notice = _log.compile_notice(self._what, compiled, rt.n_parallel)
+        notice = log.compile_notice(self._what, compiled, rt.n_parallel)
         failed = True
         try:
             precompile(compiled)
             self._ran.add(key)  # for the call below, which then takes the usual path
-            result = self._send(rt, plan, specs)
+            result = self._run_on_ranks(rt, plan, specs)
             failed = False
             return result
         except BaseException:
@@ -349,7 +357,7 @@ class Function:
 def _function_handle(token, index, what, owner):
     """A pickled ``Function`` unpickled: the live function if this process holds
     its session, else a ``_ForeignFunction``."""
-    rt = _runtime.current()
+    rt = runtime.current()
     if rt is not None and rt.token == token:
         return rt.registry.function(index)
     return _ForeignFunction(what, owner)

@@ -55,9 +55,9 @@ from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 import synkhronos as synk
-from synkhronos import _runtime
-from synkhronos._channel import SLOT_BYTES
-from synkhronos._exchange import INLINE_BYTES, MIN_SEGMENT
+from synkhronos._session import runtime
+from synkhronos._wire.channel import SLOT_BYTES
+from synkhronos._wire.exchange_buffer import INLINE_BYTES, MIN_SEGMENT
 
 __all__ = ["Session", "Lane", "machine_for", "run", "run_threads", "STATS"]
 
@@ -205,16 +205,16 @@ class Session:
         """Start the session if there is none, or restart it if a failure closed
         it; but a restart would only fail the machines of other threads (their
         variables gone) or of other MPI ranks: then raise instead."""
-        if self.rt is not None and _runtime.current() is not self.rt and (self.mpi or self.concurrent):
+        if self.rt is not None and runtime.current() is not self.rt and (self.mpi or self.concurrent):
             raise RuntimeError("the session closed (%s), and %s" % (self.closed_by, (
                 "an MPI launch has one" if self.mpi else "machines in other threads use it")))
-        if self.rt is None or _runtime.current() is not self.rt:
+        if self.rt is None or runtime.current() is not self.rt:
             self._start()
 
     def _start(self):
         synk.close()
         self.n = synk.fork(self.asked, use_gpu=self.use_gpu, timeout=HANG_S)
-        rt = self.rt = _runtime.current()
+        rt = self.rt = runtime.current()
         self.master = rt.master_rank
         self.gpu = rt.device.name == "gpu"
         self.mpi = rt.cluster is not None
@@ -384,11 +384,11 @@ class SessionMachine(RuleBasedStateMachine):
         try:
             return call()
         except BaseException as exc:
-            if _runtime.current() is not self.session.rt:
+            if runtime.current() is not self.session.rt:
                 self.session.closed_by = "%s: %s: %s" % (what, type(exc).__name__, exc)
             raise
         finally:
-            if _runtime.current() is not self.session.rt:
+            if runtime.current() is not self.session.rt:
                 raise AssertionError("the session closed during %s" % what)
 
     def _adopt(self, ranks, ks, results):

@@ -62,7 +62,7 @@ def _stored(var, value):
     """What ``var`` stores for ``value``, by the rule of the docs' "Which values
     fit": an array of another dtype when numpy casts it safely; numbers (the
     machine gives lists of values of the variable's own dtype) exactly.  A
-    static shape is checked later (``_fits``), after the rows are selected."""
+    static shape is checked later (``_collectives.targets``), after the rows are selected."""
     dtype = np.dtype(var.dtype)
     if np.ndim(value) != var.ndim:
         raise Refused(TypeError)

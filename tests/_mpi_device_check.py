@@ -11,9 +11,9 @@ import numpy as np
 import pytensor
 from mpi4py import MPI
 
-from synkhronos import _wait
+from synkhronos._common import waiting
+from synkhronos._common.reduce import reduce_values
 from synkhronos._devices.cpu_mpi import MpiCpuDevice
-from synkhronos._reduce import reduce_values
 
 __all__ = ["main"]
 
@@ -175,10 +175,10 @@ def main():
         dev.wait_hook, counting = hook, dev.wait_hook
         expect("a raising wait hook", KeyboardInterrupt, lambda: dev.all_reduce([v], "sum", [(3,)]))
         dev.wait_hook = counting
-        if len(_wait._ABANDONED) != 1:
-            failures.append("abandoned requests not kept: %r" % (_wait._ABANDONED,))
+        if len(waiting._ABANDONED) != 1:
+            failures.append("abandoned requests not kept: %r" % (waiting._ABANDONED,))
         else:
-            MPI.Request.Waitall(_wait._ABANDONED.pop())
+            MPI.Request.Waitall(waiting._ABANDONED.pop())
     else:
         dev.all_reduce([v], "sum", [(3,)])
         check("all_reduce beside a broken-off wait", v.get_value(),

@@ -16,9 +16,9 @@ import pytensor.tensor as pt
 from threadpoolctl import threadpool_info
 
 import synkhronos as synk
-from synkhronos import _runtime
 from synkhronos._devices.cpu import THREAD_VARS, usable_cores
-from synkhronos._protocol import ThreadPools
+from synkhronos._session import runtime
+from synkhronos._wire.protocol import ThreadPools
 
 results = {}
 
@@ -38,7 +38,7 @@ if not GPU and not any(os.environ.get(v) for v in THREAD_VARS):
     def pools():
         return sorted((i["internal_api"], i["num_threads"]) for i in threadpool_info())
 
-    mine, replies = _runtime.current().dispatcher.request(ThreadPools(), local=pools)
+    mine, replies = runtime.current().dispatcher.request(ThreadPools(), local=pools)
     share = max(1, usable_cores() // n)
     for rank, ranks_pools in {0: mine, **replies}.items():
         assert ranks_pools and all(k == share for _, k in ranks_pools), (rank, ranks_pools, share)

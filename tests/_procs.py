@@ -18,9 +18,9 @@ def distribute_unhurried():
     worker's first distribute waits for its PyTensor import, which takes seconds on
     PyTensor 2 (it imports scipy.signal), past these tests' one-second timeouts."""
     import synkhronos as synk
-    from synkhronos import _runtime
+    from synkhronos._session import runtime
 
-    dispatcher = _runtime.current().dispatcher
+    dispatcher = runtime.current().dispatcher
     timeout, dispatcher.timeout = dispatcher.timeout, None
     try:
         synk.distribute()
@@ -98,7 +98,7 @@ def worker_children():
                 cmdline = fh.read()
         except OSError:
             continue
-        if fields[1] == me and fields[0] != "Z" and b"synkhronos._worker" in cmdline:
+        if fields[1] == me and fields[0] != "Z" and b"synkhronos._session.worker" in cmdline:
             found.append(int(entry))
     return found
 
@@ -140,9 +140,9 @@ class Leftovers:
     def assert_gone(self, wait=5.0):
         """Assert that the session is closed and, after up to ``wait`` seconds
         for killed processes to be reaped, that none of it remains."""
-        from synkhronos import _runtime
+        from synkhronos._session import runtime
 
-        assert _runtime.current() is None
+        assert runtime.current() is None
         deadline = time.monotonic() + wait
         while self.remaining() and time.monotonic() < deadline:
             time.sleep(0.02)

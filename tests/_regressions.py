@@ -13,7 +13,7 @@ import pytensor.tensor as pt
 from _model import split
 
 import synkhronos as synk
-from synkhronos._exchange import INLINE_BYTES, MIN_SEGMENT
+from synkhronos._wire.exchange_buffer import INLINE_BYTES, MIN_SEGMENT
 
 __all__ = ["Env", "CHECKS", "main"]
 

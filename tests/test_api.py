@@ -103,7 +103,7 @@ def test_profile_workers_writes_profiles(tmp_path, monkeypatch):
     tempfile.tempdir = None  # workers inherit TMPDIR; reset our own cache too
     try:
         synk.fork(2, use_gpu=False, profile_workers=True)
-        pid = synk._runtime.current().workers[1].process.pid
+        pid = synk._session.runtime.current().workers[1].process.pid
         synk.close()
     finally:
         tempfile.tempdir = None
@@ -114,8 +114,8 @@ def test_profile_workers_writes_profiles(tmp_path, monkeypatch):
 
 
 def test_receive_spin_is_read_from_the_environment_at_fork(monkeypatch):
-    from synkhronos import _runtime
-    from synkhronos._protocol import SPIN_DEFAULT, SPIN_ENV, spin_seconds
+    from synkhronos._common.env import SPIN_DEFAULT, SPIN_ENV, spin_seconds
+    from synkhronos._session import runtime
 
     monkeypatch.delenv(SPIN_ENV, raising=False)
     assert spin_seconds() == SPIN_DEFAULT
@@ -123,7 +123,7 @@ def test_receive_spin_is_read_from_the_environment_at_fork(monkeypatch):
     assert spin_seconds() == pytest.approx(250e-6)
     synk.fork(2, use_gpu=False)
     try:
-        assert _runtime.current().spin == pytest.approx(250e-6)
+        assert runtime.current().spin == pytest.approx(250e-6)
         synk.distribute()  # the worker took its spin from the master's configuration
     finally:
         synk.close()
@@ -131,14 +131,14 @@ def test_receive_spin_is_read_from_the_environment_at_fork(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["fast", "-5", "inf", "nan"])
 def test_bad_spin_variable_is_named_and_nothing_starts(monkeypatch, bad):
-    from synkhronos import _runtime
-    from synkhronos._protocol import SPIN_ENV
+    from synkhronos._common.env import SPIN_ENV
+    from synkhronos._session import runtime
 
     monkeypatch.setenv(SPIN_ENV, bad)
     with pytest.raises(ValueError, match="%s must be a non-negative number of microseconds, got '%s'"
                        % (SPIN_ENV, bad)):
         synk.fork(2, use_gpu=False)
-    assert _runtime.current() is None
+    assert runtime.current() is None
 
 
 def test_mpi_launch_without_mpi4py_says_what_to_install(monkeypatch):
@@ -146,19 +146,19 @@ def test_mpi_launch_without_mpi4py_says_what_to_install(monkeypatch):
     fork(), and SYNKHRONOS_MPI=0 to run without the launch."""
     import sys
 
-    from synkhronos import _mpi
+    from synkhronos._session import mpi
 
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    monkeypatch.delenv(_mpi._PID_ENV, raising=False)
+    monkeypatch.delenv(mpi._PID_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import fails
     with pytest.raises(RuntimeError, match=r"started by an MPI launcher \(OMPI_COMM_WORLD_SIZE is set\) "
                                            r"but mpi4py is not installed.*SYNKHRONOS_MPI=0"):
         synk.fork(2, use_gpu=False)
     monkeypatch.setenv("SYNKHRONOS_MPI", "0")
-    assert not _mpi.launched()
+    assert not mpi.launched()
     monkeypatch.setenv("SYNKHRONOS_MPI", "maybe")
     with pytest.raises(ValueError, match="SYNKHRONOS_MPI must be 1 or 0 .* got 'maybe'"):
-        _mpi.launched()
+        mpi.launched()
 
 
 FLOATX_SCRIPT = """

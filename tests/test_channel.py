@@ -1,5 +1,5 @@
-"""The command channel's transports (``_channel``) and the inline form of arrays
-(``_exchange``), each end in this process: order, sizes that do not fit a slot,
+"""The command channel's transports (``_wire.channel``) and the inline form of arrays
+(``_wire.exchange_buffer``), each end in this process: order, sizes that do not fit a slot,
 waiting, a full ring, a peer that hangs up, and names that never outlive start-up."""
 
 import os
@@ -11,18 +11,18 @@ from multiprocessing.connection import Connection
 import numpy as np
 import pytest
 
-from synkhronos import _channel, _shmem
-from synkhronos._exchange import ExchangeBuffer, receive
+from synkhronos._wire import channel, shared_memory
+from synkhronos._wire.exchange_buffer import ExchangeBuffer, unpack
 
 
 @pytest.fixture
 def pair():
     """(master end, worker end) of a shared-memory channel, names already unlinked."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    token = _shmem.new_token()
-    names = _channel.shm_channel_names(token, 1)
-    master = _channel.ShmChannel(Connection(a.detach()), 50e-6, names, master=True)
-    worker = _channel.ShmChannel(Connection(b.detach()), 50e-6, names, master=False)
+    token = shared_memory.new_token()
+    names = channel.shm_channel_names(token, 1)
+    master = channel.ShmChannel(Connection(a.detach()), 50e-6, names, master=True)
+    worker = channel.ShmChannel(Connection(b.detach()), 50e-6, names, master=False)
     master.unlink()
     assert not [n for n in os.listdir("/dev/shm") if token in n]
     yield master, worker
@@ -63,7 +63,7 @@ def test_ready_and_wait_do_not_consume_and_time_out(pair):
 
 def test_sender_waits_for_a_free_slot_when_the_ring_is_full(pair):
     master, worker = pair
-    for k in range(_channel.SLOTS):
+    for k in range(channel.SLOTS):
         master.send(k)
     done = threading.Event()
 
@@ -75,7 +75,7 @@ def test_sender_waits_for_a_free_slot_when_the_ring_is_full(pair):
     assert not done.wait(0.2)  # no slot is free until the worker reads
     assert worker.recv() == 0
     assert done.wait(5)
-    assert [worker.recv() for _ in range(_channel.SLOTS)] == list(range(1, _channel.SLOTS)) + ["last"]
+    assert [worker.recv() for _ in range(channel.SLOTS)] == list(range(1, channel.SLOTS)) + ["last"]
 
 
 def test_a_peer_that_hangs_up_ends_waits_with_an_error(pair):
@@ -86,7 +86,7 @@ def test_a_peer_that_hangs_up_ends_waits_with_an_error(pair):
     assert worker.recv() == "left before hanging up"  # what was sent still arrives
     with pytest.raises(EOFError):
         worker.recv()
-    for _ in range(_channel.SLOTS):
+    for _ in range(channel.SLOTS):
         worker.send("x")
     with pytest.raises(BrokenPipeError):
         worker.send("no slot, and nobody to free one")
@@ -94,8 +94,8 @@ def test_a_peer_that_hangs_up_ends_waits_with_an_error(pair):
 
 def test_socket_channel_has_the_same_interface():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    left = _channel.SocketChannel(Connection(a.detach()), 0.0)
-    right = _channel.SocketChannel(Connection(b.detach()), 0.0)
+    left = channel.SocketChannel(Connection(a.detach()), 0.0)
+    right = channel.SocketChannel(Connection(b.detach()), 0.0)
     assert not right.ready() and not right.wait(0.01)
     left.send((1, "x"))
     assert right.wait(1.0) and right.recv() == (1, "x")
@@ -107,14 +107,14 @@ def test_socket_channel_has_the_same_interface():
 
 
 def test_names_of_a_failed_start_are_removed():
-    token = _shmem.new_token()
-    names = _channel.shm_channel_names(token, 1)
+    token = shared_memory.new_token()
+    names = channel.shm_channel_names(token, 1)
     a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    first = _channel.ShmChannel(Connection(a.detach()), 0.0, names, master=True)
+    first = channel.ShmChannel(Connection(a.detach()), 0.0, names, master=True)
     b, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with pytest.raises(FileExistsError):  # the names are taken: nothing is reused
-        _channel.ShmChannel(Connection(b.detach()), 0.0, names, master=True)
-    assert _shmem.unlink_session(token) == 5  # the memory and four semaphores
+        channel.ShmChannel(Connection(b.detach()), 0.0, names, master=True)
+    assert shared_memory.unlink_session(token) == 5  # the memory and four semaphores
     assert not [n for n in os.listdir("/dev/shm") if token in n]
     first.close()
 
@@ -124,11 +124,11 @@ def test_names_of_a_failed_start_are_removed():
     np.arange(12, dtype="float64").reshape(3, 4)[:, ::2], np.array([1 + 2j], dtype="complex64"),
     np.zeros((0, 3), dtype="uint8")])
 def test_inline_arrays_keep_values_dtype_and_shape(value):
-    buf = ExchangeBuffer(_shmem.new_token(), 0)
+    buf = ExchangeBuffer(shared_memory.new_token(), 0)
     try:
-        tokens = buf.send([value])
+        tokens = buf.pack([value])
         assert isinstance(tokens[0], tuple) and len(tokens[0]) == 3  # inline, not a ref
-        (got,) = receive(tokens, cache=None)
+        (got,) = unpack(tokens, cache=None)
         want = np.asarray(value)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
@@ -137,9 +137,9 @@ def test_inline_arrays_keep_values_dtype_and_shape(value):
 
 
 def test_object_arrays_travel_as_they_are():
-    buf = ExchangeBuffer(_shmem.new_token(), 0)
+    buf = ExchangeBuffer(shared_memory.new_token(), 0)
     value = np.array([{"a": 1}, None], dtype=object)
-    (got,) = receive(buf.send([value]), cache=None)
+    (got,) = unpack(buf.pack([value]), cache=None)
     assert got is value or list(got) == list(value)
     buf.close()
 
@@ -147,15 +147,15 @@ def test_object_arrays_travel_as_they_are():
 def test_a_segment_cache_keeps_a_bounded_number_of_views_and_each_stays_right():
     """Shapes that change call after call make a new view each: past the cap the
     cache starts again, and every view still reads the memory it names."""
-    token = _shmem.new_token()
-    seg = _shmem.Segment(_shmem.segment_name(token, "r1", 1), 1 << 16)
+    token = shared_memory.new_token()
+    seg = shared_memory.Segment(shared_memory.segment_name(token, "r1", 1), 1 << 16)
     try:
         seg.array("int32", (1 << 14,))[...] = np.arange(1 << 14, dtype="int32")
-        cache = _shmem.SegmentCache()
-        for n in range(1, 2 * _shmem._MAX_VIEWS):
-            view = cache.view(_shmem.array_ref(seg.name, 4 * n, "int32", (n,)))
+        cache = shared_memory.SegmentCache()
+        for n in range(1, 2 * shared_memory._MAX_VIEWS):
+            view = cache.view(shared_memory.array_ref(seg.name, 4 * n, "int32", (n,)))
             np.testing.assert_array_equal(view, np.arange(n, 2 * n))
-            assert len(cache._views) <= _shmem._MAX_VIEWS
+            assert len(cache._views) <= shared_memory._MAX_VIEWS
         cache.clear()
     finally:
         seg.unlink()
@@ -163,12 +163,12 @@ def test_a_segment_cache_keeps_a_bounded_number_of_views_and_each_stays_right():
 
 
 def test_a_second_layout_before_the_first_is_read_is_refused_at_any_size():
-    buf = ExchangeBuffer(_shmem.new_token(), 0)
+    buf = ExchangeBuffer(shared_memory.new_token(), 0)
     try:
-        buf.send([np.zeros(2)])  # inline, far below the shared-memory threshold
+        buf.pack([np.zeros(2)])  # inline, far below the shared-memory threshold
         with pytest.raises(RuntimeError, match="second exchange layout"):
-            buf.send([np.zeros(2)])
+            buf.pack([np.zeros(2)])
         buf.release()
-        buf.send([np.zeros(1 << 15)])  # 256 KiB: through shared memory
+        buf.pack([np.zeros(1 << 15)])  # 256 KiB: through shared memory
     finally:
         buf.close()

@@ -26,8 +26,8 @@ from _procs import proc_stat as _stat  # noqa: E402
 from _procs import segments as _segments  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _runtime  # noqa: E402
-from synkhronos._faults import FAULT_ENV  # noqa: E402
+from synkhronos._session import runtime  # noqa: E402
+from synkhronos._session.faults import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 START_S = 120.0  # for a script to get its session going (noisy, shared machine)
@@ -90,7 +90,7 @@ def _build_session(n=2):
 
 
 def _session_ids():
-    rt = _runtime.current()
+    rt = runtime.current()
     return rt.token, {r: (w.process.pid, _stat(w.process.pid)[1]) for r, w in rt.workers.items()}
 
 
@@ -107,7 +107,7 @@ def test_close_stops_workers_and_unlinks_segments(fresh):
     token, workers = _session_ids()
     assert {"d0", "r0", "r1", "r2"} <= _slots(_segments(token))
     synk.close()
-    assert _runtime.current() is None
+    assert runtime.current() is None
     for rank, (pid, start) in workers.items():
         assert not _exists(pid, start), "worker rank %d (pid %d) survived close()" % (rank, pid)
     assert _segments(token) == []
@@ -121,15 +121,15 @@ def test_close_is_idempotent(fresh):
     token, workers = _session_ids()
     synk.close()
     synk.close()
-    assert _runtime.current() is None
+    assert runtime.current() is None
     assert _segments(token) == []
     assert not any(_exists(*w) for w in workers.values())
     # and a new session starts cleanly
     synk.fork(2, use_gpu=False)
-    assert _runtime.current().token != token
+    assert runtime.current().token != token
     synk.close()
     synk.close()
-    assert _runtime.current() is None
+    assert runtime.current() is None
 
 
 def test_close_with_unresponsive_worker(fresh):
@@ -150,7 +150,7 @@ def test_close_with_unresponsive_worker(fresh):
             os.kill(pid, signal.SIGKILL)
             os.kill(pid, signal.SIGCONT)
     assert elapsed < 30
-    assert _runtime.current() is None
+    assert runtime.current() is None
     assert not any(_exists(*w) for w in workers.values())
     assert _segments(token) == []
 
@@ -228,7 +228,7 @@ d = synk.data(np.ones((%(rows)d, 3), dtype="float32"))
 parts, total = f(d)
 assert float(total) == %(rows)d * 3
 synk.broadcast(s, np.zeros((%(rows)d, 3), dtype="float32"))
-rt = synk._runtime.current()
+rt = synk._session.runtime.current()
 pids = [w.process.pid for w in rt.workers.values()]
 
 def shm_maps(pid):
@@ -431,7 +431,7 @@ synk.distribute()
 d = synk.data(np.ones((10, 3), dtype="float32"))
 f(d)
 f(d, num_slices=2)
-rt = synk._runtime.current()
+rt = synk._session.runtime.current()
 during = sorted(os.listdir(rt.tmpdir)) if rt.tmpdir else []
 synk.close()
 print("SYNK-FILES " + json.dumps(dict(tmpdir=rt.tmpdir, during=during)), flush=True)

@@ -7,8 +7,8 @@ import pytensor
 import pytest
 
 import synkhronos as synk
-from synkhronos._exchange import INLINE_BYTES
-from synkhronos._plan import split_bounds
+from synkhronos._common.selections import split_bounds
+from synkhronos._wire.exchange_buffer import INLINE_BYTES
 
 
 def close(a, b):
@@ -145,7 +145,7 @@ def test_reduce_ops(env, op, fn):
     assert synk.reduce(env.b, op=op) is None
     close(env.b.get_value(), expected)
     for r in range(env.n):
-        if r != synk._runtime.current().master_rank:
+        if r != synk._session.runtime.current().master_rank:
             close(synk.get_value(r, env.b), values[r])
 
 

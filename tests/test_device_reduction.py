@@ -9,11 +9,11 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
-from synkhronos._core import FunctionCore
+from synkhronos._call.results import take_reduced
+from synkhronos._call.share import device_reduction
+from synkhronos._common.reduce import identity
 from synkhronos._devices import cpu, gpu
-from synkhronos._reduce import identity
-from synkhronos._results import take_reduced
-from synkhronos._run import device_reduction
+from synkhronos._graph.function_core import FunctionCore
 
 REDUCING = types.SimpleNamespace(reduces_outputs=True, reduce_dtypes=gpu.GpuDevice.reduce_dtypes)
 

@@ -26,7 +26,7 @@ from _procs import segments as _segments  # noqa: E402
 from _procs import worker_children as _worker_children  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _runtime  # noqa: E402
+from synkhronos._session import runtime  # noqa: E402
 
 F32 = "float32"
 GUARD_S = 30.0  # a call that takes longer than this is a hang
@@ -38,14 +38,14 @@ PROMPT_S = 10.0  # a dead worker must be reported well within this
 
 def _worker_ids():
     """{rank: (pid, start time)} of the live session's workers."""
-    rt = _runtime.current()
+    rt = runtime.current()
     return {r: (w.process.pid, _stat(w.process.pid)[1]) for r, w in rt.workers.items()}
 
 
 def _kill_worker(rank):
     """SIGKILL worker ``rank`` and wait until it is dead (a zombie: the runtime
     has not reaped it yet)."""
-    pid = _runtime.current().workers[rank].process.pid
+    pid = runtime.current().workers[rank].process.pid
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + GUARD_S
     while time.monotonic() < deadline:
@@ -90,7 +90,7 @@ def _expect_worker_died(fn, rank):
 
 def _assert_cleaned_up(token, workers):
     """No session, no worker process, no segment of ``token`` left."""
-    assert _runtime.current() is None
+    assert runtime.current() is None
     for rank, (pid, start) in workers.items():
         assert not _exists(pid, start), "worker rank %d (pid %d) survived" % (rank, pid)
     assert _worker_children() == []
@@ -217,7 +217,7 @@ def test_error_in_master_share_of_collective(fresh):
     t = pytensor.shared(np.zeros(3, dtype=F32), name="t")
     h = synk.function([], (t.sum(), "sum"))
     synk.distribute()
-    rt = _runtime.current()
+    rt = runtime.current()
 
     def refuse(var, value):
         raise MemoryError("no room for %s on the master" % var)
@@ -255,7 +255,7 @@ def test_dead_worker_raises_and_cleans_up(fresh, kind):
     synk.distribute()
     keep = synk.data(np.arange(4, dtype=F32))
     assert float(f(keep)) == 3.0  # avg of the per-rank sums 1 and 5
-    rt = _runtime.current()
+    rt = runtime.current()
     token, workers = rt.token, _worker_ids()
     assert _segments(token)  # there is something to clean up
     _kill_worker(1)
@@ -276,7 +276,7 @@ def test_worker_killed_during_call(fresh):
     synk.distribute()
     d = synk.data(np.arange(4, dtype=F32))
     assert float(f(d)) == 6.0
-    token, workers = _runtime.current().token, _worker_ids()
+    token, workers = runtime.current().token, _worker_ids()
     pid = workers[1][0]
     os.kill(pid, signal.SIGSTOP)  # the command is delivered but never answered
     box = {}
@@ -304,7 +304,7 @@ def test_dead_worker_among_three(fresh):
     synk.function([], s.sum())
     synk.distribute()
     synk.data(np.zeros((5, 2), dtype=F32))
-    token, workers = _runtime.current().token, _worker_ids()
+    token, workers = runtime.current().token, _worker_ids()
     _kill_worker(2)
     _expect_worker_died(lambda: synk.get_shapes(s), rank=2)
     _assert_cleaned_up(token, workers)  # rank 1 was stopped too
@@ -316,7 +316,7 @@ def test_lowest_dead_worker_rank_is_reported(fresh):
     s = pytensor.shared(np.zeros(2, dtype=F32), name="s")
     synk.function([], s.sum())
     synk.distribute()
-    token, workers = _runtime.current().token, _worker_ids()
+    token, workers = runtime.current().token, _worker_ids()
     _kill_worker(0)
     _kill_worker(2)
     try:
@@ -331,7 +331,7 @@ def test_close_after_worker_died(fresh):
     synk.function([], s.sum())
     synk.distribute()
     synk.data(np.zeros(4, dtype=F32))
-    token, workers = _runtime.current().token, _worker_ids()
+    token, workers = runtime.current().token, _worker_ids()
     _kill_worker(1)
     _, exc, elapsed = _guarded(synk.close)
     assert exc is None
@@ -357,7 +357,7 @@ def test_worker_failing_to_start(fresh, monkeypatch, tmp_path):
     assert isinstance(exc, RuntimeError), "expected RuntimeError, got %r" % (exc,)
     assert "rank 2" in str(exc)
     assert elapsed < PROMPT_S
-    assert _runtime.current() is None
+    assert runtime.current() is None
     assert _worker_children() == []  # the healthy rank 1 was stopped
     assert set(_our_segments()) <= before
     monkeypatch.undo()
@@ -519,14 +519,14 @@ def test_fork_malformed(fresh, kwargs, exc, match):
     kwargs.setdefault("use_gpu", False)
     with pytest.raises(exc, match=match):
         synk.fork(**kwargs)
-    assert _runtime.current() is None
+    assert runtime.current() is None
     assert _worker_children() == []
 
 
 def test_fork_use_gpu_without_gpus(fresh):
     with pytest.raises(RuntimeError, match="use_gpu=False"):
         synk.fork(2, use_gpu=True)
-    assert _runtime.current() is None
+    assert runtime.current() is None
     assert _worker_children() == []
 
 
@@ -541,7 +541,7 @@ class _Session:
         synk.close()
         synk.fork(2, use_gpu=False)
         self.kind = kind
-        self.rt = _runtime.current()
+        self.rt = runtime.current()
         self.x = pt.vector("x", dtype=F32)
         self.z = pt.vector("z", dtype=F32)
         self.y = pt.vector("y", dtype=F32)
@@ -568,7 +568,7 @@ class _Session:
         self.empty = synk.data(dtype=F32, ndim=1)
 
     def alive(self):
-        return _runtime.current() is self.rt and not self.rt.closed
+        return runtime.current() is self.rt and not self.rt.closed
 
 
 _SESSION = {}

@@ -2,7 +2,7 @@
 at every point where the master waits for the workers.
 
 Faults are placed with the worker's failpoints (``SYNKHRONOS_FAULT``, see
-``synkhronos._worker``): the worker stops inside the very command a public call
+``synkhronos._session.worker``): the worker stops inside the very command a public call
 sends (hangs, or raises), and the test then kills it, interrupts the master, or
 lets the stall timeout pass.  After each fault the session is either closed with
 nothing left behind (no process, segment or temporary directory) or, where the
@@ -25,8 +25,8 @@ import pytest  # noqa: E402
 from _procs import Leftovers, distribute_unhurried, our_segments, our_tmpdirs  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _runtime  # noqa: E402
-from synkhronos._faults import FAULT_ENV  # noqa: E402
+from synkhronos._session import runtime  # noqa: E402
+from synkhronos._session.faults import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 HANG_GUARD_S = 30  # fork(timeout=...) in these tests: a real hang becomes a StallError
@@ -43,7 +43,7 @@ class _Env:
             monkeypatch.setenv(FAULT_ENV, fault)
         synk.fork(2, use_gpu=False, timeout=timeout)
         monkeypatch.delenv(FAULT_ENV, raising=False)
-        self.rt = _runtime.current()
+        self.rt = runtime.current()
         x = pt.vector("x", dtype=F32)
         self.s = pytensor.shared(np.arange(3, dtype=F32), name="s")
         self.f = synk.function([x], (x.sum() + self.s.sum(), "sum"), name="f")
@@ -216,7 +216,7 @@ def test_ctrl_c_while_idle_keeps_the_session(fresh, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         signal.pthread_kill(main, signal.SIGINT)
         time.sleep(10)
-    assert _runtime.current() is e.rt
+    assert runtime.current() is e.rt
     e.works()
 
 
@@ -233,7 +233,7 @@ def test_exception_on_one_rank(fresh, monkeypatch, point):
     assert err.rank == 1 and err.exc_type == "RuntimeError"
     assert "fault injected" in str(err) and "fault injected" in err.worker_traceback
     if point != "distribute":
-        assert _runtime.current() is e.rt
+        assert runtime.current() is e.rt
         e.works()
         synk.close()
     left.assert_gone()

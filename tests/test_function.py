@@ -9,7 +9,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos._plan import split_bounds
+from synkhronos._common.selections import split_bounds
 
 ROWS = 23  # uneven over 2 and 3 ranks
 

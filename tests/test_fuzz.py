@@ -24,7 +24,7 @@ from _fuzz import F32, N_ROWS, Fuzzer, Model, Raises, build_functions, forked_ca
 from _procs import Leftovers, proc_exists  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _runtime  # noqa: E402
+from synkhronos._session import runtime  # noqa: E402
 
 N_RANKS = 3
 HANG_S = 20.0  # fork(timeout=...): a call stuck this long is a hang
@@ -135,18 +135,18 @@ def test_fuzz_public_api(request):
         for case in unforked_cases(rng, None, None, max(20, n_target // 20)):
             n_malformed += 1
             _run(case, tally, failures)
-        assert _runtime.current() is None, "a malformed fork() started a session"
+        assert runtime.current() is None, "a malformed fork() started a session"
         synk.fork(N_RANKS, use_gpu=False, timeout=HANG_S)
         v = build_functions()
         # Before distribute(): calls that need it; malformed function() arguments.
-        n_functions = len(_runtime.current().registry.functions)
+        n_functions = len(runtime.current().registry.functions)
         for case in forked_cases(rng, v, None, max(20, n_target // 20)):
             n_malformed += 1
             _run(case, tally, failures)
-        registered = len(_runtime.current().registry.functions)
+        registered = len(runtime.current().registry.functions)
         assert registered == n_functions, "a malformed function() was registered"
         synk.distribute()
-        rt = _runtime.current()
+        rt = runtime.current()
         left = Leftovers(rt)
         env = _Env(v, rng)
         env.resync()
@@ -157,7 +157,7 @@ def test_fuzz_public_api(request):
             fuzzer.trail.append(case)
             n_malformed += isinstance(case.expect, Raises)
             ok, exc = _run(case, tally, failures)
-            if _runtime.current() is not rt:
+            if runtime.current() is not rt:
                 pytest.fail("the session closed during %r: %s" % (case, exc))
             if not ok and os.environ.get("FUZZ_DEBUG"):
                 print("DEBUG", case, failures[-1][1:], file=sys.stderr)

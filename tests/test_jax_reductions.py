@@ -40,7 +40,7 @@ def test_plain_jax_mode_returns_another_dtype(x64):
 
 
 def test_sum_has_its_dtype_and_a_float64_accumulator(x64):
-    from synkhronos._jax_reductions import reduction_dtypes_mode
+    from synkhronos._graph.jax_reductions import reduction_dtypes_mode
 
     x = pt.vector("x", dtype="float32")
     xv = _ones_after_a_large_value()

@@ -21,8 +21,8 @@ import pytest  # noqa: E402
 from _procs import Leftovers, our_segments, our_tmpdirs, worker_children  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _runtime  # noqa: E402
-from synkhronos._faults import FAULT_ENV  # noqa: E402
+from synkhronos._session import runtime  # noqa: E402
+from synkhronos._session.faults import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 ENDINGS = ["close", "kill", "ctrl_c", "stall", "crash", "raise"]
@@ -54,7 +54,7 @@ def _cycle(ending, n, monkeypatch):
         monkeypatch.setenv(FAULT_ENV, "1:call:2:%s" % fault[ending])
     synk.fork(n, use_gpu=False, timeout=2.0 if ending == "stall" else 30)
     monkeypatch.delenv(FAULT_ENV, raising=False)
-    rt = _runtime.current()
+    rt = runtime.current()
     left = Leftovers(rt)
     x = pt.matrix("x", dtype=F32)
     s = pytensor.shared(np.zeros(3, dtype=F32), name="s")
@@ -93,7 +93,7 @@ def _cycle(ending, n, monkeypatch):
         with pytest.raises(synk.WorkerError, match="fault injected"):
             f(d)
         synk.close()
-    assert _runtime.current() is None
+    assert runtime.current() is None
     return left
 
 

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from synkhronos import _log
+from synkhronos._common import log
 
 STATUS = ("Synkhronos attempting to use 2 of", "Synkhronos: 2 CPU workers initialized",
           "Synkhronos distributing functions...", "...distribution complete (")
@@ -164,21 +164,21 @@ def bare_root():
 
 
 def _default_handler():
-    (handler,) = [h for h in logging.getLogger("synkhronos").handlers if isinstance(h, _log._StderrHandler)]
+    (handler,) = [h for h in logging.getLogger("synkhronos").handlers if isinstance(h, log._StderrHandler)]
     return handler
 
 
 def test_default_handler_steps_aside_for_the_applications(capsys):
-    log = logging.getLogger("synkhronos._api")
+    logger = logging.getLogger("synkhronos._api")
     stream = io.StringIO()
     mine = logging.StreamHandler(stream)
     with bare_root() as root:
-        log.info("alone")
+        logger.info("alone")
         assert capsys.readouterr().err == "alone\n"
-        for where in (root, logging.getLogger("synkhronos"), log):
+        for where in (root, logging.getLogger("synkhronos"), logger):
             where.addHandler(mine)
             try:
-                log.info("once")
+                logger.info("once")
             finally:
                 where.removeHandler(mine)
             assert capsys.readouterr().err == ""
@@ -200,11 +200,11 @@ def test_tqdm_redirect_keeps_one_copy(capsys):
 
 
 def test_parse_level():
-    assert _log.parse_level("warning") == logging.WARNING
-    assert _log.parse_level(" DEBUG ") == logging.DEBUG
-    assert _log.parse_level("15") == 15
+    assert log.parse_level("warning") == logging.WARNING
+    assert log.parse_level(" DEBUG ") == logging.DEBUG
+    assert log.parse_level("15") == 15
     with pytest.raises(ValueError, match="SYNKHRONOS_LOG_LEVEL='verbose' is not a logging level"):
-        _log.parse_level("verbose")
+        log.parse_level("verbose")
 
 
 def test_worker_level_respects_disable():
@@ -212,9 +212,9 @@ def test_worker_level_respects_disable():
     level = top.level
     try:
         top.setLevel(logging.INFO)
-        assert _log.worker_level() == logging.INFO
+        assert log.worker_level() == logging.INFO
         logging.disable(logging.WARNING)
-        assert _log.worker_level() == logging.WARNING + 1
+        assert log.worker_level() == logging.WARNING + 1
     finally:
         logging.disable(logging.NOTSET)
         top.setLevel(level)
@@ -222,12 +222,12 @@ def test_worker_level_respects_disable():
 
 def test_compile_notice_only_when_slow(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="synkhronos")
-    monkeypatch.setenv(_log.NOTICE_ENV, "30")
-    _log.CompileNotice("function 'f'", lambda: "Numba", 2).close()
+    monkeypatch.setenv(log.NOTICE_ENV, "30")
+    log.CompileNotice("function 'f'", lambda: "Numba", 2).close()
     assert caplog.messages == []  # finished before the delay: a warm cache says nothing
-    monkeypatch.setenv(_log.NOTICE_ENV, "0")
-    _log.CompileNotice("function 'f'", lambda: "Numba", 2).close()
-    _log.CompileNotice("function 'g'", lambda: "Numba", 1).close(failed=True)
+    monkeypatch.setenv(log.NOTICE_ENV, "0")
+    log.CompileNotice("function 'f'", lambda: "Numba", 2).close()
+    log.CompileNotice("function 'g'", lambda: "Numba", 1).close(failed=True)
     assert caplog.messages[0] == "Synkhronos: compiling function 'f' on its first call, on 2 ranks (Numba)..."
     assert caplog.messages[1].startswith("...function 'f' compiled in ")
     assert caplog.messages[2] == "Synkhronos: compiling function 'g' on its first call, on 1 rank (Numba)..."
@@ -237,7 +237,7 @@ def test_compile_notice_only_when_slow(monkeypatch, caplog):
 @pytest.mark.parametrize("bad", ["soon", "-1", "inf"])
 def test_bad_compile_notice_variable_is_named(monkeypatch, caplog, bad):
     caplog.set_level(logging.INFO, logger="synkhronos")
-    monkeypatch.setenv(_log.NOTICE_ENV, bad)
+    monkeypatch.setenv(log.NOTICE_ENV, bad)
     with pytest.raises(ValueError, match="SYNKHRONOS_COMPILE_NOTICE_S must be a non-negative number of "
                                          "seconds, got %r" % bad):
-        _log.CompileNotice("function 'f'", lambda: "Numba", 2)
+        log.CompileNotice("function 'f'", lambda: "Numba", 2)

@@ -10,7 +10,7 @@ from pytensor.compile.mode import Mode
 from pytensor.scalar import EQ
 from pytensor.tensor.elemwise import Elemwise
 
-from synkhronos._max_gradient import max_gradient_mode
+from synkhronos._graph.max_gradient import max_gradient_mode
 
 VALUES = np.array([[1.0, 0.0, -1.0, np.nan, np.inf, -np.inf], [2.0, 3.0, 0.0, 5.0, 0.0, -2.0]], "float32")
 ROW = np.array([0.0, 3.0, np.nan, 1.0, np.inf, -2.0], "float32")
@@ -40,7 +40,7 @@ def test_gradient_equals_plain_pytensor(optimizer, case):
 
 
 def test_synkhronos_functions_include_it():
-    from synkhronos._linking import device_kwargs
+    from synkhronos._graph.linking import device_kwargs
 
     class Device:
         precision = "highest"

@@ -8,7 +8,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos._mixed import Bf16Op, round_to_bf16
+from synkhronos._graph.bf16 import Bf16Op, round_to_bf16
 from synkhronos.extensions import nnet, train, updates
 
 BF16_ULP = 2.0 ** -7  # bfloat16 keeps 8 significant bits: neighbours differ by <= 2**-7 relative
@@ -146,7 +146,7 @@ def _emulated(mode_name="py"):
     """A bf16 mode that runs every op's ``perform``: the numpy emulation."""
     from pytensor.compile.mode import Mode
 
-    from synkhronos._mixed import bf16_mode
+    from synkhronos._graph.bf16 import bf16_mode
 
     return bf16_mode(Mode(linker=mode_name, optimizer="fast_run"))
 
@@ -163,7 +163,7 @@ def _layer_graph(rng):
 
 
 def test_activations_are_stored_in_bf16_statistics_and_mixed_values_in_float32():
-    from synkhronos._mixed import Bf16Load, Bf16Store
+    from synkhronos._graph.bf16 import Bf16Load, Bf16Store
 
     rng = np.random.default_rng(5)
     x, w, b, v, outs = _layer_graph(rng)
@@ -187,7 +187,7 @@ def test_activations_are_stored_in_bf16_statistics_and_mixed_values_in_float32()
 
 def test_jax_keeps_bf16_inside_and_returns_float32():
     pytest.importorskip("jax")
-    from synkhronos._mixed import bf16_mode
+    from synkhronos._graph.bf16 import bf16_mode
 
     rng = np.random.default_rng(6)
     x, w, b, v, outs = _layer_graph(rng)
@@ -204,7 +204,7 @@ def test_jax_keeps_bf16_inside_and_returns_float32():
 def test_parameters_keep_float32_through_a_bf16_update():
     """A step smaller than a bfloat16 step of the parameters must still move them:
     the update mixes in the full-size float32 parameter, so it is float32."""
-    from synkhronos._mixed import Bf16Store
+    from synkhronos._graph.bf16 import Bf16Store
 
     rng = np.random.default_rng(7)
     x = pt.matrix("x")
@@ -236,7 +236,7 @@ def test_poolings_keep_bf16_storage_and_match_the_emulation():
     """Poolings (``bf16_storage``) read and write bfloat16 like elementwise ops;
     JAX sums their gradients in float32 as the emulation does."""
     pytest.importorskip("jax")
-    from synkhronos._mixed import Bf16Store, bf16_mode
+    from synkhronos._graph.bf16 import Bf16Store, bf16_mode
 
     rng = np.random.default_rng(9)
     x, outs = _pooling_graph(rng)
@@ -258,7 +258,7 @@ def test_comparisons_of_stored_values_see_them_stored_under_jax():
     convolution's result in float32 inside a fusion; the comparison must still see
     both sides as stored, or the gradient is zero almost everywhere."""
     pytest.importorskip("jax")
-    from synkhronos._mixed import bf16_mode
+    from synkhronos._graph.bf16 import bf16_mode
 
     rng = np.random.default_rng(10)
     x = pt.tensor4("x")
@@ -279,7 +279,7 @@ def test_a_stored_sum_of_three_terms_is_two_stored_adds():
     from pytensor.scalar import Add
     from pytensor.tensor.elemwise import Elemwise
 
-    from synkhronos._mixed import bf16_mode
+    from synkhronos._graph.bf16 import bf16_mode
 
     rng = np.random.default_rng(11)
     x = pt.matrix("x")

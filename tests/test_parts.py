@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synkhronos import _protocol
-from synkhronos._call import order_inputs, plan_call
+from synkhronos._call.plan import order_inputs, plan_call
+from synkhronos._common.values import array_fits, fit_to
 from synkhronos._devices import Device, cpu, select_device
-from synkhronos._dtypes import array_fits, fit_to
-from synkhronos._registry import Registry
+from synkhronos._session.registry import Registry
+from synkhronos._wire import protocol
 
 
 class FakeData:
@@ -60,7 +60,7 @@ def test_plan_gives_each_worker_its_call_record():
     msgs = plan.messages(7, [1, 2])
     assert set(msgs) == {1, 2}
     m = msgs[2]
-    assert isinstance(m, _protocol.Call) and m.function == 7 and m.bcast == ["B"]
+    assert isinstance(m, protocol.Call) and m.function == 7 and m.bcast == ["B"]
     assert m.scattered == [("A", plan.rank_rows[2][0])] and m.subset == (2, 0)
 
 
@@ -115,15 +115,15 @@ def test_registry_holds_data_weakly():
 
 
 def test_every_command_has_one_payload_record_that_pickles():
-    assert set(_protocol.PAYLOADS) == set(_protocol.Command)
-    samples = {_protocol.Sync: (), _protocol.Exit: (True,)}
-    for cmd, record in _protocol.PAYLOADS.items():
+    assert set(protocol.PAYLOADS) == set(protocol.Command)
+    samples = {protocol.Sync: (), protocol.Exit: (True,)}
+    for cmd, record in protocol.PAYLOADS.items():
         args = samples.get(record, (None,) * len(record._fields))
         msg = record(*args)
-        number, fields, drops = pickle.loads(pickle.dumps(_protocol.wire(msg, ["x"])))
-        back = _protocol.from_wire(number, fields)
+        number, fields, drops = pickle.loads(pickle.dumps(protocol.wire(msg, ["x"])))
+        back = protocol.from_wire(number, fields)
         assert number == int(cmd) and back == msg and type(back) is record and drops == ["x"]
-        assert _protocol.COMMAND_OF[record] is cmd
+        assert protocol.COMMAND_OF[record] is cmd
 
 
 def test_select_device_for_master_and_worker_on_cpu():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from synkhronos._plan import (
+from synkhronos._common.selections import (
     check_selection_fits,
     normalize_batch,
     normalize_batch_s,

@@ -20,8 +20,9 @@ import pytest  # noqa: E402
 from _procs import segments  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _dispatch, _runtime, _transfer  # noqa: E402
-from synkhronos._protocol import GetShapes  # noqa: E402
+from synkhronos._collectives import transfer  # noqa: E402
+from synkhronos._session import dispatch, runtime
+from synkhronos._wire.protocol import GetShapes  # noqa: E402
 
 F32 = "float32"
 BAD_ID = 999  # no such shared variable: GET_SHAPES raises IndexError in a worker
@@ -36,7 +37,7 @@ def session():
     x = pt.vector("x", dtype=F32)
     f = synk.function([x], (x.sum() + s.sum(), "sum"))
     synk.distribute()
-    yield _runtime.current(), s, f
+    yield runtime.current(), s, f
     synk.close()
 
 
@@ -75,10 +76,10 @@ def test_synchronize_raises_a_posted_failure_then_succeeds(session):
 def test_many_posted_commands_stay_in_step(session):
     rt, s, _ = session
     most = 0
-    for _ in range(3 * _dispatch._MAX_OWED):
+    for _ in range(3 * dispatch._MAX_OWED):
         rt.dispatcher.post(GetShapes([0]))
         most = max(most, max(len(w.owed) for w in rt.workers.values()))
-    assert most == _dispatch._MAX_OWED  # post() reads old replies instead of letting them pile up
+    assert most == dispatch._MAX_OWED  # post() reads old replies instead of letting them pile up
     synk.set_value(1, s, np.arange(7, dtype=F32))
     assert synk.get_shapes(s) == [(4,), (7,), (4,)]
 
@@ -92,7 +93,7 @@ def test_check_posted_raises_a_failure_that_arrived_and_closes(session):
         rt.dispatcher.check_posted()
     # A failure while the master waits on its device may leave the devices stuck
     # in a collective: the session is closed.
-    assert rt.closed and _runtime.current() is None
+    assert rt.closed and runtime.current() is None
     assert segments(token) == []
 
 
@@ -113,7 +114,7 @@ def test_failure_in_masters_part_of_a_post_closes_the_session(session):
 
     with pytest.raises(MemoryError, match="no room"):
         rt.dispatcher.post(GetShapes([0]), local=local)
-    assert rt.closed and _runtime.current() is None
+    assert rt.closed and runtime.current() is None
 
 
 def test_dead_worker_with_replies_owed(session):
@@ -137,7 +138,7 @@ def test_synchronize_needs_a_session():
 
 
 def _table(rt, var):
-    return _transfer.shape_table(rt, [var], [rt.registry.shared_id(var)])[0]
+    return transfer.shape_table(rt, [var], [rt.registry.shared_id(var)])[0]
 
 
 def _shapes_asked(rt, monkeypatch):
@@ -165,7 +166,7 @@ def test_shape_record_is_reused_until_something_may_change_it(monkeypatch):
         # 3 rows: 2 on the master (rank 0), 1 on the worker; only the worker's shape changes.
         resize = synk.function([x], updates=[(free, pt.zeros(2 * x.shape[0], dtype=F32))])
         synk.distribute()
-        rt = _runtime.current()
+        rt = runtime.current()
         asked = _shapes_asked(rt, monkeypatch)
         assert _table(rt, fixed) == [(3,), (3,)] and _table(rt, free) == [(3,), (3,)]
         assert len(asked) == 2
@@ -201,7 +202,7 @@ def queued_session(monkeypatch):
     that calls with nothing to return are posted; ``d`` is a sliceable 4-vector."""
     synk.close()
     synk.fork(3, use_gpu=False)
-    rt = _runtime.current()
+    rt = runtime.current()
     monkeypatch.setattr(rt.device, "queued", True)
     d = pytensor.shared(np.arange(4, dtype=F32), name="d")
     acc = pytensor.shared(np.zeros((), dtype=F32), name="acc")

@@ -8,9 +8,9 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import _runtime
-from synkhronos._precompile import compile_counts, compile_shares, counts_by_variant, precompile
-from synkhronos._protocol import CompileCounts
+from synkhronos._graph.precompile import compile_counts, compile_shares, counts_by_variant, precompile
+from synkhronos._session import runtime
+from synkhronos._wire.protocol import CompileCounts
 
 
 def test_each_host_compiles_every_function_once_largest_first():
@@ -36,7 +36,7 @@ def test_other_linkers_are_left_alone():
 
 
 def _counts():
-    rt = _runtime.current()
+    rt = runtime.current()
     mine, replies = rt.dispatcher.request(
         CompileCounts(), local=lambda: counts_by_variant([f._core for f in rt.registry.functions]))
     return {rt.master_rank: mine, **replies}

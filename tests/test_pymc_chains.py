@@ -20,7 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 from test_pymc import float64_session  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _runtime  # noqa: E402
+from synkhronos._session import runtime  # noqa: E402
 from synkhronos.pymc import data_parallel  # noqa: E402
 from synkhronos.pymc._batch import Batcher  # noqa: E402
 
@@ -138,14 +138,14 @@ def test_threads_at_once_get_their_own_logp_and_gradient(models, batch):
     default, batched on GPU ranks)."""
     plain, _ = models
     split = data_parallel(plain, batch=batch)
-    gpu = _runtime.current().device.name == "gpu"
+    gpu = runtime.current().device.name == "gpu"
     assert split.potentials[0].owner.op.evaluator.batched == (gpu if batch is None else batch)
     logp0, dlogp0 = plain.compile_logp(), plain.compile_dlogp()
     points = _points(plain, 6)
     # A PyTensor function is not reentrant: each chain compiles its own, as samplers do.
     compiled = [(split.compile_logp(), split.compile_dlogp()) for _ in points]
     results = {}
-    rt = _runtime.current()
+    rt = runtime.current()
 
     def chain(k):
         logp1, dlogp1 = compiled[k]
@@ -250,7 +250,7 @@ logp0, dlogp0 = plain.compile_logp(), plain.compile_dlogp()
 points = chains._points(plain, 4)
 compiled = [(split.compile_logp(), split.compile_dlogp()) for _ in points]
 got = {}
-with synk._runtime.current().lock:
+with synk._session.runtime.current().lock:
     threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, (compiled[k][0](points[k]),
                compiled[k][1](points[k])))) for k in range(4)]
     for t in threads:

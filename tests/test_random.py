@@ -9,7 +9,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos._core import _reseeded
+from synkhronos._graph.function_core import _reseeded
 
 
 def bernoulli_and_next_rng(p, size, rng):

@@ -1,5 +1,5 @@
 """Large outputs and collectives are reduced by the master's threads, chunk by
-chunk (``_reduce.ChunkPool``): the results must be those of one pass, to the bit,
+chunk (``reduce.ChunkPool``): the results must be those of one pass, to the bit,
 for every reduce mode, dtype, rank count and size across the thresholds; and a
 function's large outputs through a session equal numpy's on the same rows."""
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import synkhronos as synk
-from synkhronos import _reduce
-from synkhronos._reduce import ChunkPool, reduce_values
+from synkhronos._common import reduce
+from synkhronos._common.reduce import ChunkPool, reduce_values
 
 OPS = ("avg", "sum", "prod", "max", "min")
 DTYPES = ("float32", "float64", "int32", "int64")
@@ -20,7 +20,7 @@ DTYPES = ("float32", "float64", "int32", "int64")
 
 @pytest.fixture(scope="module")
 def pool():
-    p = ChunkPool(threads=_reduce.MIN_THREADS)
+    p = ChunkPool(threads=reduce.MIN_THREADS)
     yield p
     p.close()
 
@@ -42,8 +42,8 @@ def test_chunks_give_the_one_pass_result_to_the_bit(pool, op, dtype, ranks, size
     values = _values(rng, ranks, (size, cols), dtype)
     weights = [int(w) for w in rng.integers(1, 9, ranks)] if weighted else None
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_reduce, "CHUNK_ELEMENTS", 8)
-        mp.setattr(_reduce, "PARALLEL_BYTES", 64)
+        mp.setattr(reduce, "CHUNK_ELEMENTS", 8)
+        mp.setattr(reduce, "PARALLEL_BYTES", 64)
         want = reduce_values(values, op, weights)
         got = reduce_values(values, op, weights, pool)
         assert pool.takes(values, op) == (values[0].nbytes >= 64)
@@ -63,14 +63,14 @@ def _numpy_model(values, op, weights):
     return {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](stacked, axis=0)
 
 
-@pytest.mark.parametrize("elements", [_reduce.PARALLEL_BYTES // 4 - 1, _reduce.PARALLEL_BYTES // 4,
-                                      3 * _reduce.CHUNK_ELEMENTS + 1])
+@pytest.mark.parametrize("elements", [reduce.PARALLEL_BYTES // 4 - 1, reduce.PARALLEL_BYTES // 4,
+                                      3 * reduce.CHUNK_ELEMENTS + 1])
 def test_real_thresholds(pool, elements):
     """At the thresholds as shipped: one element short of the parallel size goes
     the one-pass way, the rest by chunks, and both give the same."""
     rng = np.random.default_rng(elements)
     values = _values(rng, 3, (elements,), "float32")
-    assert pool.takes(values, "avg") == (elements * 4 >= _reduce.PARALLEL_BYTES)
+    assert pool.takes(values, "avg") == (elements * 4 >= reduce.PARALLEL_BYTES)
     np.testing.assert_array_equal(reduce_values(values, "avg", [3, 1, 2], pool),
                                   reduce_values(values, "avg", [3, 1, 2]))
 
@@ -78,7 +78,7 @@ def test_real_thresholds(pool, elements):
 def test_mixed_shapes_and_one_thread_take_the_one_pass_path():
     a, b = np.ones((1 << 19,), "float32"), np.ones((1 << 18, 2), "float32")
     assert not ChunkPool(threads=4).takes([a, b], "sum")
-    assert not ChunkPool(threads=_reduce.MIN_THREADS - 1).takes([a, a], "sum")
+    assert not ChunkPool(threads=reduce.MIN_THREADS - 1).takes([a, a], "sum")
     assert not ChunkPool(threads=4).takes([a, a], None)
     with pytest.raises(ValueError, match="one shape"):
         reduce_values([a, b], "sum", pool=ChunkPool(threads=4))
@@ -91,9 +91,9 @@ def test_large_outputs_of_a_session_equal_numpy():
     rng = np.random.default_rng(0)
     xv = rng.standard_normal((7, 1 << 18)).astype("float32")
     synk.fork(2, use_gpu=False)
-    rt = synk._runtime.current()
+    rt = synk._session.runtime.current()
     rt.reduce_pool.close()
-    rt.reduce_pool = ChunkPool(threads=_reduce.MIN_THREADS)
+    rt.reduce_pool = ChunkPool(threads=reduce.MIN_THREADS)
     try:
         x = pt.matrix("x", dtype="float32")
         per_rank = x.sum(axis=0) * 1  # one row-sum per rank

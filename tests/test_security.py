@@ -27,7 +27,8 @@ import pytest  # noqa: E402
 from _procs import SHM_DIR, segments, socket_inodes  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _runtime, _shmem  # noqa: E402
+from synkhronos._session import runtime
+from synkhronos._wire import shared_memory  # noqa: E402
 
 F32 = "float32"
 
@@ -45,7 +46,7 @@ def session():
     d = synk.data(np.ones((30000, 3), dtype=F32))
     f(d)
     synk.broadcast(s, np.zeros((30000, 3), dtype=F32))
-    yield _runtime.current(), d
+    yield runtime.current(), d
     synk.close()
 
 
@@ -64,7 +65,7 @@ def test_segments_are_private_to_the_user(session):
 
 
 def test_segment_names_are_unguessable():
-    tokens = {_shmem.new_token() for _ in range(100)}
+    tokens = {shared_memory.new_token() for _ in range(100)}
     assert len(tokens) == 100
     for token in tokens:
         match = re.fullmatch(r"(\d+)([0-9a-f]{32})", token)  # the pid, then 128 random bits
@@ -75,7 +76,7 @@ def test_a_segment_made_by_someone_else_is_never_used(session):
     """Segments are created with O_CREAT | O_EXCL: if the name exists (another
     user made it first), Synkhronos refuses instead of using that memory."""
     rt, _ = session
-    name = _shmem.segment_name(rt.token, "d%d" % rt.registry._next_data_id, 1)
+    name = shared_memory.segment_name(rt.token, "d%d" % rt.registry._next_data_id, 1)
     planted = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=4096)
     try:
         with pytest.raises(FileExistsError, match="already exists"):
@@ -148,9 +149,9 @@ def test_mpi_master_drops_a_connection_that_does_not_know_the_key(monkeypatch, s
     (not unpickled, and neither stalls nor aborts fork())."""
     from multiprocessing.connection import Connection, answer_challenge
 
-    from synkhronos import _mpi
+    from synkhronos._session import mpi
 
-    monkeypatch.setattr(_mpi, "_HANDSHAKE_S", 1)
+    monkeypatch.setattr(mpi, "_HANDSHAKE_S", 1)
     accepted, client = _tcp_pair()
     if stranger == "garbage":
         client.sendall(b"\x00\x00\x00\x05hello" * 3)
@@ -158,7 +159,7 @@ def test_mpi_master_drops_a_connection_that_does_not_know_the_key(monkeypatch, s
         threading.Thread(target=lambda: _ignore(answer_challenge, Connection(client.detach()), b"x" * 32),
                          daemon=True).start()
     t0 = time.monotonic()
-    assert _mpi._handshake(accepted, b"k" * 32) is None
+    assert mpi._handshake(accepted, b"k" * 32) is None
     assert time.monotonic() - t0 < 5
 
 
@@ -172,7 +173,7 @@ def _ignore(fn, *args):
 def test_mpi_master_accepts_a_rank_that_knows_the_key():
     from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
-    from synkhronos import _mpi
+    from synkhronos._session import mpi
 
     accepted, client = _tcp_pair()
     key = b"k" * 32
@@ -186,7 +187,7 @@ def test_mpi_master_accepts_a_rank_that_knows_the_key():
 
     t = threading.Thread(target=rank_side, daemon=True)
     t.start()
-    rank, conn = _mpi._handshake(accepted, key)
+    rank, conn = mpi._handshake(accepted, key)
     assert rank == 3
     conn.send("hello")  # no receive timeout is left on the connection
     t.join(5)

@@ -1,4 +1,4 @@
-"""The session's service for its child processes (``synkhronos._service``).
+"""The session's service for its child processes (``synkhronos._session.child_service``).
 
 The service: a forked child and a spawned one (given the route in a pickle) get
 the owner's results; the owner's exceptions reach the child; a peer without the
@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from synkhronos._service import Route, Service, call
+from synkhronos._session.child_service import Route, Service, call
 
 
 def _square_plus(x, y):

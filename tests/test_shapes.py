@@ -66,7 +66,7 @@ def test_jax_mode_compiles_where_plain_jax_mode_may_not():
     trace the CNN's gradient before PyTensor 3.3 (3.3 traces it); with the
     rewrite it matches the CPU linker, for two batch sizes and two image sizes
     with one compiled function."""
-    from synkhronos._jax_shapes import jax_mode
+    from synkhronos._graph.jax_shapes import jax_mode
 
     fx = "float32"
     x, y = pt.tensor4("x", dtype=fx), pt.matrix("y", dtype=fx)
@@ -90,7 +90,7 @@ def test_jax_mode_compiles_where_plain_jax_mode_may_not():
 
 
 def test_shape_arithmetic_matches_cpu_linker():
-    from synkhronos._jax_shapes import ConcreteShapeOp, jax_mode
+    from synkhronos._graph.jax_shapes import ConcreteShapeOp, jax_mode
 
     x = pt.tensor4("x", dtype="float32")
     outs = shape_graphs(x)
@@ -107,7 +107,7 @@ def test_rewrite_leaves_data_alone():
     """Only values computed from shapes are wrapped: arithmetic on data stays JAX's."""
     from pytensor.tensor.shape import Shape_i
 
-    from synkhronos._jax_shapes import ConcreteShapeOp, jax_mode
+    from synkhronos._graph.jax_shapes import ConcreteShapeOp, jax_mode
 
     x = pt.vector("x", dtype="float32")
     s = x.sum()
@@ -129,7 +129,7 @@ def test_shape_checks_run_when_traced_without_warnings():
     traces (the JAX backend alone drops it, with a UserWarning)."""
     import warnings
 
-    from synkhronos._jax_shapes import ConcreteCheck, jax_mode
+    from synkhronos._graph.jax_shapes import ConcreteCheck, jax_mode
 
     a, b = pt.matrix("a", dtype="float32"), pt.matrix("b", dtype="float32")
     with warnings.catch_warnings():
@@ -209,7 +209,7 @@ def test_symbolic_cnn_trains_like_one_process(env):
 def test_shape_computed_outputs(env, batch, num_slices):
     """Sizes computed from each rank's rows, summed over ranks, equal the sums of
     one process's values over the same split."""
-    from synkhronos._plan import split_bounds
+    from synkhronos._common.selections import split_bounds
 
     rows = np.arange(ROWS)[batch] if batch is not None else np.arange(ROWS)
     got = env.shapes(env.dx, batch=batch, num_slices=num_slices)
@@ -227,7 +227,7 @@ def test_sliceable_shareds_with_symbolic_shapes(env):
     synk.scatter([env.sx, env.sy], [env.x, env.y])
     per_rank = [[0, 2, 3], [1, 4]]
     got = env.shared_loss(batch_s=per_rank, num_slices=1)
-    from synkhronos._plan import split_bounds
+    from synkhronos._common.selections import split_bounds
 
     x, y = pt.tensor4("x", dtype=env.fx), pt.matrix("y", dtype=env.fx)
     ref = pytensor.function([x, y], cnn_loss(x, y, env.params))

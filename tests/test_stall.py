@@ -18,9 +18,9 @@ from _procs import Leftovers, distribute_unhurried, worker_children  # noqa: E40
 from _sleepy import sleepy  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
-from synkhronos import _runtime  # noqa: E402
-from synkhronos._faults import FAULT_ENV  # noqa: E402
-from synkhronos._protocol import GetShapes  # noqa: E402
+from synkhronos._session import runtime  # noqa: E402
+from synkhronos._session.faults import FAULT_ENV  # noqa: E402
+from synkhronos._wire.protocol import GetShapes  # noqa: E402
 
 F32 = "float32"
 TIMEOUT = 2.0
@@ -46,7 +46,7 @@ def _sleepy_session(n, timeout, seconds):
 
 def test_sleeping_user_op_is_reported_with_its_stack(fresh):
     f = _sleepy_session(3, TIMEOUT, seconds=3600)
-    rt = _runtime.current()
+    rt = runtime.current()
     left = Leftovers(rt)
     assert float(f(synk.data(np.arange(6, dtype=F32)))) == 15.0
     # Rows 2..5 go to ranks 1 and 2: both sleep; the master's rows do not.
@@ -78,25 +78,25 @@ def test_work_within_the_timeout_is_not_interrupted(fresh):
     data = synk.data(np.array([1, 2, -3, -4], dtype=F32))
     for _ in range(3):  # each call sleeps 0.6 of the timeout on rank 1: 1.8 timeouts in all
         assert float(f(data)) == -4.0
-    assert _runtime.current() is not None
+    assert runtime.current() is not None
 
 
 def test_no_timeout_waits_as_long_as_it_takes(fresh):
     f = _sleepy_session(2, None, seconds=1.5)
-    assert _runtime.current().timeout is None
+    assert runtime.current().timeout is None
     assert float(f(synk.data(np.array([1, 2, -3, -4], dtype=F32)))) == -4.0
 
 
 def test_default_timeout_is_generous(fresh):
     synk.fork(2, use_gpu=False)
-    assert _runtime.current().timeout == 300.0
+    assert runtime.current().timeout == 300.0
 
 
 def test_stopped_worker_is_reported_without_a_stack(fresh):
     """A process that cannot run (SIGSTOP) cannot write its stack: the report
     says so and gives its state, and does not wait for it past a few seconds."""
     f = _sleepy_session(2, TIMEOUT, seconds=0)
-    rt = _runtime.current()
+    rt = runtime.current()
     left = Leftovers(rt)
     d = synk.data(np.arange(4, dtype=F32))
     assert float(f(d)) == 6.0
@@ -127,7 +127,7 @@ def _posted_session(monkeypatch, n, fault):
     s = pytensor.shared(np.zeros(3, dtype=F32), name="s")
     synk.function([x], x.sum() + s.sum())
     distribute_unhurried()
-    rt = _runtime.current()
+    rt = runtime.current()
     return rt, Leftovers(rt)
 
 
@@ -178,5 +178,5 @@ def test_stall_then_fork_again(fresh):
 def test_fork_timeout_malformed(fresh, timeout, exc, match):
     with pytest.raises(exc, match=match):
         synk.fork(2, use_gpu=False, timeout=timeout)
-    assert _runtime.current() is None
+    assert runtime.current() is None
     assert worker_children() == []

@@ -13,9 +13,9 @@ import pytest
 from threadpoolctl import threadpool_info
 
 import synkhronos as synk
-from synkhronos import _runtime
 from synkhronos._devices.cpu import THREAD_VARS, usable_cores
-from synkhronos._protocol import ThreadPools
+from synkhronos._session import runtime
+from synkhronos._wire.protocol import ThreadPools
 
 
 def _pools():
@@ -24,7 +24,7 @@ def _pools():
 
 def _every_rank_pools():
     """rank -> [(library, threads)] for the master and each worker."""
-    rt = _runtime.current()
+    rt = runtime.current()
     mine, replies = rt.dispatcher.request(ThreadPools(), local=_pools)
     return {rt.master_rank: mine, **replies}
 
@@ -79,7 +79,7 @@ def test_a_thread_variable_set_by_the_user_stands(no_thread_vars, monkeypatch):
 def test_bad_threads_named(bad, exc):
     with pytest.raises(exc, match=r"threads must be .*got %s" % repr(bad).replace(".", r"\.")):
         synk.fork(2, use_gpu=False, threads=bad)
-    assert _runtime.current() is None
+    assert runtime.current() is None
 
 
 _JAX_POOLS = """
@@ -92,7 +92,7 @@ w = pytensor.shared(np.ones((3, 3), "float32"))
 f = synk.function([x], outputs=(x.dot(w).sum(), "sum"), mode="JAX")
 synk.distribute()
 print("result", float(f(synk.data(np.ones((8, 3), "float32")))))
-pids = [os.getpid()] + [w.process.pid for w in synk._runtime.current().dispatcher.workers.values()]
+pids = [os.getpid()] + [w.process.pid for w in synk._session.runtime.current().dispatcher.workers.values()]
 
 def pool_cores(pid):
     cores = set()
@@ -208,7 +208,7 @@ f = synk.function([x], outputs=(h.sum(), "sum"), mode="JAX")
 synk.distribute()
 xd = synk.data(np.ones((2048, 512), "float32"))
 f(xd)
-workers = [w.process.pid for w in synk._runtime.current().dispatcher.workers.values()]
+workers = [w.process.pid for w in synk._session.runtime.current().dispatcher.workers.values()]
 
 def threads(pid):
     out = {}

@@ -29,7 +29,7 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos import _runtime
+from synkhronos._session import runtime
 
 CALLS = 200  # function calls per thread, each followed by a broadcast and a gather
 MAX_THREADS = 4
@@ -81,7 +81,7 @@ def _drive(t, n, f, var, start, wrong, errors):
                 wrong[t].append("call %d: gather of %s gave %r, expected %r" % (i, var, got, value))
         except Exception as exc:
             errors[t].append((i, exc))
-            if _runtime.current() is None:  # closed by the failure: later calls only say so
+            if runtime.current() is None:  # closed by the failure: later calls only say so
                 return
 
 

@@ -161,7 +161,7 @@ def test_step_on_no_rows_raises_and_keeps_parameters_finite(queued, monkeypatch)
         step = train.make_train_step([], _softmax_loss(data_x, data_y, params), params,
                                      sliceable_shareds=[data_x, data_y], learning_rate=0.5)
         synk.distribute()
-        monkeypatch.setattr(synk._runtime.current().device, "queued", queued)
+        monkeypatch.setattr(synk._session.runtime.current().device, "queued", queued)
         before = params[0].get_value()
         assert np.isfinite(step(batch_s=slice(0, 3)))
         moved = [p.get_value() for p in params]

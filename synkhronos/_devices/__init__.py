@@ -30,7 +30,7 @@ def select_device(use_gpu, precision=None, cluster=None, n_parallel=None, worker
         whether the master chose GPUs.
     precision : str, optional
         As for ``fork``; None in a worker (it follows the master's).
-    cluster : synkhronos._mpi.Cluster, optional
+    cluster : synkhronos._session.mpi.Cluster, optional
         The ranks of an MPI launch: CPU ranks then run collectives over MPI.
     n_parallel : int, optional
         The session's ranks (with ``cluster``: whether they share one node).

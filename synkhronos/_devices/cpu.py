@@ -160,7 +160,7 @@ class CpuDevice(Device):
     """Device layer for CPU worker processes: a call's work is done when its
     reply comes; function outputs are reduced in the master; collectives go
     through shared memory.  ``precision`` 'tf32' computes in full float32 too;
-    'bf16' is emulated (``synkhronos._mixed``)."""
+    'bf16' is emulated (``synkhronos._graph.bf16``)."""
 
     name = "cpu"
     label = "CPU cores"

@@ -11,8 +11,8 @@ must not start MPI.
 
 import numpy as np
 
-from .._reduce import truncated_divide
-from .._wait import wait_requests
+from .._common.reduce import truncated_divide
+from .._common.waiting import wait_requests
 from .cpu import CpuDevice
 
 __all__ = ["MpiCpuDevice"]

@@ -7,9 +7,10 @@ import threading
 
 import numpy as np
 
-from .. import _api, _data, _function, _runtime
+from .. import _api, _data, _function
 from .. import _collectives as _coll
-from .._plan import split_bounds
+from .._common.selections import split_bounds
+from .._session import runtime
 from ._op import Evaluator, RowsLogp, register_backends
 from ._potentials import row_potentials
 from ._terms import _continuous, check_rowwise, find_terms, row_count, rows_of, worker_graph
@@ -91,7 +92,7 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     if observed is None:
         chosen = [rv for rv in chosen if rows_of(model, rv) == n_rows]
     with _FORKING:  # two threads' first data_parallel: one fork
-        if _runtime.current() is None:
+        if runtime.current() is None:
             _api.fork()
     n = _api.n_parallel()
     terms = find_terms(model, chosen, n_rows)
@@ -153,7 +154,7 @@ def _jax_compiles(outputs):
     from pytensor.graph.fg import FunctionGraph
     from pytensor.graph.traversal import graph_inputs
 
-    device = _runtime.require().device
+    device = runtime.require().device
     if device.name != "gpu" and not device.jax_default:
         return False
     from pytensor.link.jax.dispatch import jax_funcify
@@ -189,7 +190,7 @@ def _distributed_op(terms, batch, check_bounds):
     continuous = [_continuous(p) for p in params] + [False] * len(data)
     datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in batched_params + data]
     evaluator = Evaluator(fn, datas, len(params), batched)
-    route = _runtime.require().service.route(evaluator.evaluate)
+    route = runtime.require().service.route(evaluator.evaluate)
     register_backends()
     return RowsLogp(evaluator, route, terms.names(), total.dtype, continuous)
 
@@ -200,7 +201,7 @@ def _distribute(fn, terms):
     try:
         _api.distribute()
     except TypeError as exc:
-        if _runtime.require().registry.refusal(fn._core.ID) is None:
+        if runtime.require().registry.refusal(fn._core.ID) is None:
             logger.warning("synkhronos.pymc: %s", exc)
             return
         raise ValueError("observed %s: its log-density graph cannot be sent to the ranks (%s); leave it "
@@ -241,7 +242,7 @@ def _check_sendable(terms, outputs):
     """Raise ValueError, before any function is registered, if the ranks' graph
     cannot be pickled to the workers, by pickle or cloudpickle (an Op holding a
     lock, say; the lambdas of PyMC's measurable transforms go by cloudpickle)."""
-    from .._pickling import dumps_cores
+    from .._wire.pickling import dumps_cores
 
     try:
         dumps_cores(outputs)

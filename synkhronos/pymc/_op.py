@@ -8,7 +8,7 @@ Who evaluates it, and how:
   ``Batcher`` evaluates every point pending at once in one call of the ranks;
 - in a child process (a chain PyMC forked, or one that received a pickled copy
   under ``spawn``/``forkserver``): by asking the session's process through its
-  service (``synkhronos._service``), where the same ``Evaluator`` runs it.
+  service (``synkhronos._session.child_service``), where the same ``Evaluator`` runs it.
 """
 
 import os
@@ -18,7 +18,7 @@ import numpy as np
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from .. import _runtime, _service
+from .._session import child_service, runtime
 from ._batch import Batcher
 
 __all__ = ["RowsLogp", "Evaluator"]
@@ -46,7 +46,7 @@ class Evaluator:
         return self.batcher.evaluate([np.asarray(x) for x in inputs])
 
     def _run(self, points):
-        with _runtime.locked():  # the Data are written, then read by the call, as one step
+        with runtime.locked():  # the Data are written, then read by the call, as one step
             if not self.batched:
                 return [self._call(p) for p in points]
             results = []
@@ -123,11 +123,11 @@ class RowsLogp(Op):
     def _evaluate(self, inputs):
         ev = self.evaluator
         if ev is not None and not ev.rt.foreign and os.getpid() == self.route.owner:
-            if _runtime.current() is not ev.rt:
+            if runtime.current() is not ev.rt:
                 raise RuntimeError("the Synkhronos session that computes the data-parallel terms of %s was "
                                    "closed: call synkhronos.pymc.data_parallel(model) again" % self.names)
             return ev.evaluate(inputs)
-        return _service.call(self.route, [np.asarray(x) for x in inputs])
+        return child_service.call(self.route, [np.asarray(x) for x in inputs])
 
     def L_op(self, inputs, outputs, output_grads):
         # PyTensor 2.x (PyMC 5) asks L_op; PyTensor 3.3 asks pullback and deprecates L_op.

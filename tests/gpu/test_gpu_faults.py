@@ -15,8 +15,8 @@ import pytest
 from _procs import Leftovers, socket_inodes
 
 import synkhronos as synk
-from synkhronos import _runtime
-from synkhronos._worker import FAULT_ENV
+from synkhronos._session import runtime
+from synkhronos._session.worker import FAULT_ENV
 
 F32 = "float32"
 TIMEOUT = 20.0  # fork(timeout=...): enough for NCCL to start and JAX to compile here
@@ -34,7 +34,7 @@ def _session(monkeypatch, fault=None, timeout=TIMEOUT):
     synk.distribute()
     d = synk.data(np.arange(8, dtype=F32))
     assert float(f(d)) == 28 + 2 * (1 << 20)
-    return _runtime.current(), s, f, d
+    return runtime.current(), s, f, d
 
 
 def _new_session_works():

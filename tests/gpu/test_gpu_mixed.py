@@ -8,7 +8,7 @@ import pytest
 from test_mixed import BF16_ULP, _graphs
 
 import synkhronos as synk
-from synkhronos._mixed import round_to_bf16
+from synkhronos._graph.bf16 import round_to_bf16
 
 
 @pytest.fixture

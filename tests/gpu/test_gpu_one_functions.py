@@ -37,7 +37,7 @@ def env(request):
 def test_host_copies_equal_jax_own(env, dtype, shape):
     import jax.numpy as jnp
 
-    device = synk._runtime.current().device
+    device = synk._session.runtime.current().device
     base = np.arange(int(np.prod(shape)), dtype="float32").reshape(shape) - 2.5
     value = jnp.asarray(base).astype(dtype)
     transposed = value.T

@@ -110,7 +110,7 @@ def test_outputs_of_static_shape_are_reduced_on_the_gpus(gpu2, monkeypatch):
     f = synk.function([x], outputs=outs)
     ref = pytensor.function([x], [o[0] if isinstance(o, tuple) else o for o in outs])
     synk.distribute()
-    dev = synk._runtime.current().device
+    dev = synk._session.runtime.current().device
     reduced = []
     through_device = dev.reduce_outputs
     monkeypatch.setattr(dev, "reduce_outputs", lambda *a: reduced.append(a[1]) or through_device(*a))
@@ -137,7 +137,7 @@ def test_failed_share_in_the_master_still_takes_part_in_the_reduction(gpu2):
 
 def test_close_leaves_nothing():
     synk.fork(2, use_gpu=True)
-    rt = synk._runtime.current()
+    rt = synk._session.runtime.current()
     token, pids = rt.token, [w.process.pid for w in rt.workers.values()]
     synk.close()
     time.sleep(0.2)
@@ -217,7 +217,7 @@ def test_rank_with_unexpected_shape_takes_part_and_raises(gpu2):
     synk.function([], outputs=s.sum())
     synk.distribute()
     synk.set_value(1, s, np.ones(32, dtype="float32"))
-    rt = synk._runtime.current()
+    rt = synk._session.runtime.current()
     rt.registry.record_shapes(rt.registry.shared_id(s), [(64,), (64,)])  # stale on purpose
     synk.all_reduce(s, op="sum")  # queued; must not hang
     with pytest.raises(synk.WorkerError) as info:
@@ -261,7 +261,7 @@ def test_collective_reads_its_own_output_only_while_it_is_the_value(gpu2):
     s = pytensor.shared(np.ones(1024, dtype="float32"), name="s", shape=(1024,))
     bump = synk.function([], updates=[(s, s + 1)])
     synk.distribute()
-    own = synk._runtime.current().device._own
+    own = synk._session.runtime.current().device._own
     synk.all_reduce(s, op="sum")  # 2 on each rank
     synk.all_reduce(s, op="sum")  # 4, from the first one's output
     kept = s.get_value(return_internal_type=True)
@@ -285,7 +285,7 @@ def test_collective_imports_its_outputs_after_its_other_cuda_calls(gpu2):
           for k in range(3)]
     synk.function([], outputs=sum(v.sum() for v in vs))
     synk.distribute()
-    dev = synk._runtime.current().device
+    dev = synk._session.runtime.current().device
     synk.all_reduce(vs, op="sum")  # 2 (k + 1); the importer is made on first use
     order = []
     comm, imp, mark = dev._comm, dev._import, dev._mark
@@ -397,7 +397,7 @@ def test_calls_without_results_are_queued_in_order_and_errors_come_later(gpu2):
     step = synk.function([], updates=[(s, s * 0.5 + pt.sqrt(d.sum()))], sliceable_shareds=[d])
     synk.distribute()
     synk.scatter(d, np.arange(8, dtype="float32"))  # rank 0: 0..3, rank 1: 4..7
-    rt = synk._runtime.current()
+    rt = synk._session.runtime.current()
     expect = 0.0
     for k in range(steps):
         lo = k % 3
@@ -428,7 +428,7 @@ def test_queued_collectives_hold_bounded_memory(gpu2, monkeypatch):
     s = pytensor.shared(np.ones(size, dtype="float32"), name="s", shape=(size,))
     synk.function([], outputs=s.sum())
     synk.distribute()
-    dev = synk._runtime.current().device
+    dev = synk._session.runtime.current().device
     most = 0
     for _ in range(12):
         synk.all_reduce(s, op="max")
@@ -446,7 +446,7 @@ def test_queued_collectives_record_events_without_timing(gpu2):
     s = pytensor.shared(np.ones(1024, dtype="float32"), name="s")
     synk.function([], outputs=s.sum())
     synk.distribute()
-    dev = synk._runtime.current().device
+    dev = synk._session.runtime.current().device
     synk.all_reduce(s, op="max")
     (event, _, _), = list(dev._inflight)[-1:]
     event.synchronize()

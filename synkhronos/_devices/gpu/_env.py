@@ -13,7 +13,7 @@ _JAX_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 # fork(precision=...) -> JAX's default precision of float32 matrix products and
 # convolutions.  JAX's own default on Hopper is TensorFloat-32 (a 10-bit
 # mantissa): ``x.dot(y)`` then differs from the CPU by ~1e-3 relative.
-# bf16 is a graph rewrite (synkhronos._mixed): what it leaves in float32 stays full float32.
+# bf16 is a graph rewrite (synkhronos._graph.bf16): what it leaves in float32 stays full float32.
 PRECISIONS = {"highest": "highest", "tf32": "tensorfloat32", "bf16": "highest"}
 _PRECISION_ENV = "JAX_DEFAULT_MATMUL_PRECISION"
 _SAVED_IDS = "SYNK_GPU_IDS"  # the GPUs the master could see before fork() narrowed it
@@ -88,7 +88,7 @@ class EnvMixin:
 
         jax.config.update("jax_enable_x64", pytensor.config.floatX == "float64")
         jax.config.update("jax_default_matmul_precision", PRECISIONS[self.precision])
-        from ..._warnings import JAX_DTYPE_WARNING
+        from ..._common.compiler_warnings import JAX_DTYPE_WARNING
 
         warnings.filterwarnings("ignore", message=JAX_DTYPE_WARNING, category=UserWarning)
 

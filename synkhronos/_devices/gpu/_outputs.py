@@ -3,7 +3,7 @@ reduced into the master on the GPUs, then copied to the host there."""
 
 import numpy as np
 
-from ..._reduce import identity
+from ..._common.reduce import identity
 from ._collectives import _nccl_dtype
 
 __all__ = ["OutputsMixin"]

@@ -4,7 +4,7 @@ worker), keeping queued collectives' inputs alive, and NCCL groups."""
 
 import contextlib
 
-from ..._wait import poll_until
+from ..._common.waiting import poll_until
 from ._dlpack import cupy_exporter, jax_importer, untimed_event
 
 __all__ = ["StreamMixin"]

@@ -1,0 +1,401 @@
+"""Worker process: waits for the master's commands and carries them out.
+
+Started by the master as a fresh interpreter (not with ``multiprocessing``, so the
+user's main script is never re-imported).  Its configuration arrives in the
+``SYNK_WORKER`` environment variable; the command channel is an inherited socket.
+
+A worker outlives nothing: it exits when the master closes the session, when the
+command channel ends (the master died), and, checked by a watchdog thread, when
+it is orphaned while busy with a command; then it removes the session's shared
+memory and temporary directory itself.
+
+Faults can be injected for tests (see ``_session.faults``).
+"""
+
+import faulthandler
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+from .._call.share import device_reduction, run_share, run_share_reduced
+from .._common import log
+from .._common.selections import take_rows
+from .._devices import select_device
+from .._devices.cpu import limit_threads, thread_pools, thread_share, worker_jax_cores
+from .._graph.function_core import reseed_generators
+from .._graph.precompile import counts_by_variant, precompile
+from .._wire import shared_memory
+from .._wire.channel import ShmChannel, SocketChannel
+from .._wire.exchange_buffer import ExchangeBuffer, unpack
+from .._wire.pickling import loads_cores
+from .._wire.protocol import Command, failure, from_wire, ok
+from . import stacks
+from .faults import FAULT_ENV, Faults
+
+_WATCH_S = 0.5  # how often a worker checks that its master is alive
+
+__all__ = ["main"]
+
+logger = logging.getLogger(__name__)
+
+
+class _WorkerState:
+    def __init__(self, config, cluster=None):
+        self.rank = config["rank"]
+        self.token = config["token"]
+        self.n_parallel = config["n_parallel"]
+        self.spin = config["spin"]
+        self.master_rank = config["master_rank"]
+        self.cluster = cluster
+        remote = cluster is not None and cluster.remote(self.rank)
+        self.device = select_device(config["device"] == "gpu", cluster=cluster, worker=True)
+        if config["device"] != "gpu":
+            self.device.jax_cores = worker_jax_cores(config, cluster)
+        self.exchange = ExchangeBuffer(self.token, self.rank, inline=remote)
+        self.cache = shared_memory.SegmentCache(host=cluster.host if remote else None)
+        self.host_copies = {}  # slot -> Segment: this host's copies of Data (host leaders, MPI)
+        self.cores = None
+        self.shareds = None
+        # Import PyTensor while the master is still building graphs.
+        self._importer = threading.Thread(target=_import_pytensor, daemon=True)
+        self._importer.start()
+
+    def shared(self, ID):
+        if self.shareds is None:
+            raise RuntimeError("functions have not been distributed to this worker")
+        return self.shareds[ID]
+
+    def drop(self, name):
+        """Forget Data segment ``name``: its mapping, and this host's copy of it."""
+        self.cache.drop(name)
+        if self.cluster is not None and self.cluster.remote(self.rank):
+            local = shared_memory.host_copy_name(name, self.cluster.host)
+            seg = self.host_copies.pop(shared_memory.slot_of(local), None)
+            if seg is not None:
+                seg.unlink()
+                seg.close()
+
+    def close(self):
+        self.device.close()
+        self.exchange.close()
+        self.cache.clear()
+        for seg in self.host_copies.values():
+            seg.unlink()
+            seg.close()
+        self.host_copies.clear()
+
+
+def _import_pytensor():
+    try:
+        import pytensor  # noqa: F401
+    except Exception:  # reported when DISTRIBUTE imports it again
+        pass
+
+
+def _distribute(state, msg):
+    flags, blob = msg.flags, msg.blob
+    t0 = time.monotonic()
+    state._importer.join()
+    import pytensor
+
+    for name, value in flags.items():
+        if str(getattr(pytensor.config, name)) != value:
+            setattr(pytensor.config, name, value)
+    state.device.configure_jax()
+    if msg.jax:  # before loading the functions starts JAX's backend
+        state.device.start_jax_pool()
+    known = state.shareds or []
+    cores, shareds = loads_cores(blob, known)
+    reseed_generators(shareds, cores, state.rank, known)
+    state.device.place_shareds(shareds)
+    state.cores = (state.cores or []) + cores
+    state.shareds = known + shareds
+    logger.debug("worker rank %d: loaded %d functions and %d shared variables in %.2f s", state.rank,
+                 len(cores), len(shareds), time.monotonic() - t0)
+    t0 = time.monotonic()
+    compiled = [i for i in msg.compile_shares.get(state.rank, ()) if precompile(cores[i].plain)]
+    if compiled:
+        logger.debug("worker rank %d: compiled functions %s for the others in %.2f s", state.rank,
+                     compiled, time.monotonic() - t0)
+
+
+def _call(state, msg):
+    # Unpacked in one step, in the record's order: cheaper than seven field reads on every call.
+    function, scattered, bcast, share_sel, subset, num_slices, weighted = msg
+    view = state.cache.view
+    core = state.cores[function]
+    args = ([(view(ref), sel) for ref, sel in scattered], [view(ref) for ref in bcast],
+            share_sel, subset, num_slices)
+    specs = device_reduction(core, state.device, subset, num_slices)
+    if specs is not None:  # reduced into the master on the device: nothing to send
+        weight, had_rows, _ = run_share_reduced(core, state.device, specs, state.master_rank, weighted, *args)
+        return weight, had_rows
+    weight, outputs = run_share(core, state.device, *args)
+    return weight, None if outputs is None else state.exchange.pack(state.device.to_host(outputs))
+
+
+def _map_data(state, msg):
+    state.cache.segment(msg.name)
+
+
+def _drop_data(state, msg):
+    state.drop(msg.name)
+
+
+def _send_shareds(state, msg):
+    return state.exchange.pack([state.device.get_value(state.shared(i)) for i in msg.ids])
+
+
+def _set_shareds(state, msg):
+    for ID, token, rows in msg.values:
+        (value,) = unpack([token], state.cache)
+        state.device.set_value(state.shared(ID), take_rows(value, rows))
+
+
+def _get_shapes(state, msg):
+    return [state.device.shape(state.shared(i)) for i in msg.ids]
+
+
+def _comm_init(state, msg):
+    state.device.init_comm(state.n_parallel, state.rank, msg.uid)
+
+
+_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "gather", "all_gather")
+
+
+def _collective(state, msg):
+    if msg.op not in _COLLECTIVES:
+        raise ValueError("unknown device collective %r" % (msg.op,))
+    return getattr(state.device, msg.op)([state.shared(i) for i in msg.ids], *msg.args)
+
+
+def _host_data(state, msg):
+    """Take this host's copy of a Data segment from the master, over MPI."""
+    name, nbytes, used = msg.name, msg.nbytes, msg.used
+    local = shared_memory.host_copy_name(name, state.cluster.host)
+    slot = shared_memory.slot_of(local)
+    seg = state.host_copies.get(slot)
+    if seg is None or seg.name != local:
+        if seg is not None:
+            state.cache.drop(name)
+            seg.unlink()
+            seg.close()
+        seg = state.host_copies[slot] = shared_memory.Segment(local, nbytes)
+    state.cluster.bcast_to_leaders(seg.array("u1", (used,)))
+
+
+def _sync(state, msg):
+    state.device.synchronize(state.shareds or [])
+
+
+def _thread_pools(state, msg):
+    return thread_pools()
+
+
+def _compile_counts(state, msg):
+    return counts_by_variant(state.cores)
+
+
+_HANDLERS = {
+    Command.SYNC: _sync,
+    Command.COMM_INIT: _comm_init,
+    Command.COLLECTIVE: _collective,
+    Command.DISTRIBUTE: _distribute,
+    Command.CALL: _call,
+    Command.MAP_DATA: _map_data,
+    Command.DROP_DATA: _drop_data,
+    Command.SEND_SHAREDS: _send_shareds,
+    Command.SET_SHAREDS: _set_shareds,
+    Command.GET_SHAPES: _get_shapes,
+    Command.HOST_DATA: _host_data,
+    Command.THREAD_POOLS: _thread_pools,
+    Command.COMPILE_COUNTS: _compile_counts,
+}
+
+
+def _serve(channel, state, faults):
+    """Answer commands until EXIT; returns None if the master vanished, else
+    EXIT's payload (whether the session failed)."""
+    while True:
+        try:
+            cmd, fields, drops = channel.recv()
+            payload = from_wire(cmd, fields)
+        except (EOFError, OSError):
+            return None
+        state.exchange.release()  # the master has read our last reply (see _wire.exchange_buffer)
+        for name in drops:
+            state.drop(name)
+        if cmd == Command.EXIT:
+            return bool(payload.failed)
+        try:
+            if faults:
+                faults.before(Command(cmd))
+            reply = ok(_HANDLERS[cmd](state, payload))
+        except Exception as exc:
+            reply = failure(exc)
+        try:
+            channel.send(reply)
+        except (EOFError, OSError):
+            return None
+
+
+def _remove_session(token, tmpdir, slot_prefix=""):
+    """What the master would have removed: the session's segments (those whose
+    slot starts with ``slot_prefix``) and the temporary directory."""
+    shared_memory.unlink_session(token, slot_prefix)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _watch_master(master_pid, token, tmpdir):
+    """Exit once the master is gone, even while a command keeps the main thread
+    busy (it notices on its own only when it next reads the channel)."""
+    while True:
+        time.sleep(_WATCH_S)
+        if os.getppid() != master_pid:
+            _remove_session(token, tmpdir)
+            os._exit(1)
+
+
+def _watch_connection(channel, done, remove):
+    """For ranks launched by MPI, whose parent is the launcher: exit once the
+    master's end of the connection is closed (it died, or closed the session
+    while this rank was stuck, say in a collective with a dead rank), unless
+    the main thread is already leaving in order (``done`` set)."""
+    while not channel.hung_up():
+        time.sleep(_WATCH_S)
+    if done.wait(2.0):
+        return
+    remove()
+    os._exit(1)
+
+
+def _run(config, conn, cluster=None, prepare=None):
+    """Serve the master on ``conn`` until it closes the session; returns EXIT's
+    payload (whether the session failed), or None if the master vanished.
+    ``prepare()``, if given, sets this process up first (its failure, like any
+    at start-up, is sent to the master, which is waiting for this rank)."""
+    rank, token, tmpdir = config["rank"], config["token"], config["tmpdir"]
+    log.set_level(config["log_level"])  # the master's, which may differ from SYNKHRONOS_LOG_LEVEL
+    stack_file = stacks.enable(tmpdir, rank)
+    faults = Faults(os.environ.get(FAULT_ENV), rank)
+    try:
+        if prepare is not None:
+            prepare()
+        state = _WorkerState(config, cluster)
+        if config.get("channel"):  # spawned on the master's host: shared-memory rings
+            channel = ShmChannel(conn, state.spin, config["channel"], master=False)
+        else:
+            channel = SocketChannel(conn, state.spin)
+    except Exception as exc:  # say why to the master, which is waiting for this rank
+        conn.send(failure(exc))
+        raise
+    done = threading.Event()
+    if cluster is not None:
+        own = "h%d" % cluster.host if cluster.remote(rank) else "r%d" % rank
+        threading.Thread(target=_watch_connection, daemon=True, name="synkhronos-watchdog",
+                         args=(channel, done, lambda: _remove_session(token, tmpdir, own))).start()
+    profiler = None
+    if config["profile"]:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    conn.send(ok(os.getpid()))
+    logger.debug("worker rank %d (pid %d) ready", rank, os.getpid())
+    ended = None
+    try:
+        ended = _serve(channel, state, faults)
+        done.set()
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            name = "synkhronos_worker_%d_%d.prof" % (rank, os.getpid())
+            path = os.path.join(config["profile_dir"], name)
+            profiler.dump_stats(path)
+            logger.info("Synkhronos worker rank %d profile written to %s", rank, path)
+        state.close()
+        if ended is None and cluster is None:
+            # The master died without closing: nobody else will clean up.
+            _remove_session(token, tmpdir)
+        elif cluster is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        channel.close()
+        faulthandler.disable()
+        stack_file.close()
+    return ended
+
+
+def _exit_now(code=0):
+    # Everything is released: skip the interpreter's teardown of every loaded
+    # module (a quarter of a second with PyTensor loaded), as multiprocessing's
+    # children do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main():
+    """Entry point of a worker that ``fork()`` spawned on the master's host."""
+    # Ctrl-C reaches the whole process group; only the master handles it and
+    # then closes the workers in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from multiprocessing.connection import Connection
+
+    config = json.loads(os.environ.pop("SYNK_WORKER"))
+    threading.Thread(target=_watch_master, args=(os.getppid(), config["token"], config["tmpdir"]),
+                     daemon=True, name="synkhronos-watchdog").start()
+    _run(config, Connection(config["fd"]))
+    _exit_now()
+
+
+def _use_node_gpu(precision, cluster):
+    """See only the GPU at this rank's position among the ranks of its node."""
+    device = select_device(True, precision)
+    device.one_node = cluster.one_node(cluster.size)
+    if cluster.node_index >= len(device.gpu_ids):
+        raise RuntimeError("MPI rank %d is rank %d on node %s, which has only %d visible GPUs: launch at "
+                           "most one rank per GPU on each node" % (cluster.rank, cluster.node_index,
+                                                                   cluster.nodes[cluster.rank],
+                                                                   len(device.gpu_ids)))
+    device.setup_master(cluster.node_index)
+
+
+def _share_node_threads(threads, cluster, n_parallel):
+    """Take this rank's share of its host's cores for BLAS and OpenMP (as
+    ``fork()`` gives the master and the workers it spawns)."""
+    limit_threads(thread_share(cluster.ranks_on_my_node(n_parallel), threads))
+
+
+def mpi_main(cluster):
+    """Entry point of an MPI rank other than 0, inside ``fork()``: serve the
+    master, then end the process (never returns).
+
+    Parameters
+    ----------
+    cluster : synkhronos._session.mpi.Cluster
+    """
+    from . import mpi
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master closes the session on Ctrl-C
+    config, conn = mpi.connect_master(cluster)
+    failed = False
+    if conn is not None:
+        tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
+        config = dict(config, rank=cluster.rank, tmpdir=tmpdir)
+        os.environ["TMPDIR"] = tempfile.tempdir = tmpdir  # PyTensor's generated sources go there
+        if config["device"] == "gpu":
+            prepare = functools.partial(_use_node_gpu, config["precision"], cluster)
+        else:
+            prepare = functools.partial(_share_node_threads, config["threads"], cluster, config["n_parallel"])
+        ended = _run(config, conn, cluster, prepare)
+        failed = ended is None or ended
+    if not failed:
+        mpi.finalize()  # MPI's finalize waits for the master's, at its exit
+    _exit_now()

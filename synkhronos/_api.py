@@ -68,75 +68,29 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     Parameters
     ----------
     n_parallel : int, optional
-        Number of ranks (the master is one of them); default: every GPU, or
-        every usable CPU core for CPU workers.
+        Number of ranks, the master included; default: every visible GPU, or
+        every usable CPU core (under MPI: every MPI rank).
     use_gpu : bool or None, optional
         None (default): GPUs when there are any, else CPU workers.  False: CPU
         workers.  True: GPUs, or an error if there are none.
     master_rank : int, optional
-        Rank of the master process (for GPUs: which GPU the master drives).
+        Rank of the master process (on GPUs: which GPU the master drives).
     profile_workers : bool, optional
         Record a cProfile of each worker, written to the temp directory on close.
     max_n_var, max_dim : int, optional
-        Accepted for 2017 scripts and checked, with a warning that they do
-        nothing: nothing here needs fixed sizes.
+        Accepted for 2017 scripts and checked, with a warning that they do nothing.
     precision : {'highest', 'tf32', 'bf16'}, optional
-        How float32 matrix products and convolutions are computed:
-        ``'highest'`` (default) in full float32, so results match PyTensor on
-        the CPU to float32 accuracy; ``'tf32'``: GPU ranks use TensorFloat-32
-        (a 10-bit mantissa, ~1e-3 relative error), faster on Ampere and later
-        GPUs, and CPU workers still compute in full float32; ``'bf16'``: mixed
-        precision in Synkhronos functions: float32 matrix products and
-        convolutions take bfloat16 inputs (an 8-bit mantissa) and accumulate in
-        float32, and activations between layers (their results, and the
-        elementwise work on them: normalization, ReLU, residual adds, and their
-        gradients) are stored in bfloat16, while parameters, optimizer state,
-        reductions (batch-norm statistics), softmax, the loss, collectives and
-        every output stay float32; the rule is in ``synkhronos._graph.bf16``.  GPU
-        ranks run it on bfloat16 tensor cores; other linkers emulate it with
-        numpy (slowly) and give the same numbers up to float32 summation order.
-        Plain PyTensor functions are never changed.
+        How float32 matrix products and convolutions are computed: in full
+        float32 (default), in TensorFloat-32 on GPU ranks, or in bf16 mixed
+        precision in Synkhronos functions (docs pages "GPU workers", "Deep learning").
     timeout : float or None, optional
-        Seconds a worker may take to answer any request (a call, a collective,
-        ``distribute()``, ...) before the master gives up on it (default 300).
-        Then the master raises ``StallError`` naming the silent ranks, what
-        they were asked to do and each one's Python stack, and closes the
-        session.  Work that finishes within the timeout is never interrupted.
-        None: wait forever.
+        Seconds any rank may take to answer a request before the master raises
+        ``StallError`` and closes the session (default 300; None: no limit).  See
+        the docs page "Errors, faults and cleanup".
     threads : int, optional
-        BLAS and OpenMP threads for each CPU rank, the master included.  By
-        default each rank gets its share of its host's usable cores (cores //
-        ranks on that host, at least 1), unless any of ``OMP_NUM_THREADS``,
-        ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ... is set: then the
-        environment decides, for every rank.  The master's pools are changed
-        with threadpoolctl, those it loads later through the variables (set in
-        its environment until ``close()``), and restored by ``close()``.  JAX's CPU pool (for
-        ``mode="JAX"``) runs on as many cores, a set of its own per rank.  GPU
-        ranks ignore it.
-
-    Notes
-    -----
-    ``fork`` leaves PyTensor's ``floatX`` as it is (``float64`` unless you chose
-    another): every rank uses the master's.  The original Theano examples assume
-    ``floatX=float32``, the fast choice on GPUs; set it yourself for them
-    (``PYTENSOR_FLAGS=floatX=float32`` or ``pytensor.config.floatX = "float32"``).
-
-    On GPU ranks JAX follows PyTensor's rule: with ``floatX`` float32 it keeps
-    int64 and float64 values in 32 bits on the device; function outputs are
-    returned in the dtypes of the graph, as on CPU workers.
-
-    Under an MPI launch (``mpirun``, ``mpiexec``, ``srun``; see the docs page
-    "Several machines") every rank runs the script: MPI rank 0 returns from
-    ``fork`` as the master, every other rank serves it here and ends its process
-    when the master closes.  ``n_parallel`` then counts MPI ranks (default: all;
-    fewer leave the others idle), ``master_rank`` must be 0, and a launch holds
-    one session.  ``SYNKHRONOS_MPI=0`` ignores the launch.
-
-    Status lines go to the ``synkhronos`` logger, at INFO, which prints them to
-    stderr unless the application configured logging itself (then its handlers
-    get them, once).  ``logging.getLogger("synkhronos").setLevel(logging.WARNING)``
-    or the environment variable ``SYNKHRONOS_LOG_LEVEL=WARNING`` silences them.
-    Workers log at the level this logger has when ``fork`` starts them.
+        BLAS, OpenMP and JAX threads for each CPU rank; default: its share of its
+        host's cores, unless a variable such as ``OMP_NUM_THREADS`` is set.  GPU
+        ranks ignore it.  See the docs page "CPU workers".
 
     Returns
     -------
@@ -150,6 +104,15 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
         under MPI when this launch already had its session.
     TypeError, ValueError
         For malformed arguments.
+
+    Notes
+    -----
+    ``floatX`` stays as you set it, on every rank (docs pages "CPU workers",
+    "GPU workers").  Under an MPI launch every rank runs the script: MPI rank 0
+    returns from ``fork`` as the master, every other rank serves it inside
+    ``fork`` and ends its process when the master closes (docs page "Several
+    machines").  Status lines go to the ``synkhronos`` logger (docs page
+    "Troubleshooting").
     """
     if runtime.current() is not None:
         raise RuntimeError("Synkhronos is already forked: call synkhronos.close() before forking again")

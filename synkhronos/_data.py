@@ -328,11 +328,12 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
     TypeError
         If dtype and ndim cannot be determined, or ``value`` does not match them.
     """
-    return make_data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, name,
-                     "synkhronos.data(value)")
+    return make_data(value, var, dtype=dtype, ndim=ndim, shape=shape, minibatch=minibatch,
+                     force_cast=force_cast, oversize=oversize, name=name, argname="synkhronos.data(value)")
 
 
-def make_data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, name, argname):
+def make_data(value, var=None, *, dtype=None, ndim=None, shape=None, minibatch=False, force_cast=False,
+              oversize=1, name=None, argname):
     """``data()``, whose errors about ``value`` name it ``argname``
     (``Function.build_inputs`` names the input it is for)."""
     rt = runtime.require()
@@ -341,16 +342,34 @@ def make_data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, n
     if name is not None and not isinstance(name, str):
         raise TypeError("name must be a str or None, got %r" % (name,))
     if var is not None:
-        from pytensor.tensor.variable import TensorVariable
+        dtype, ndim, name = _type_of_var(var, dtype, ndim, name)
+    dtype, ndim = _dtype_and_ndim(value, dtype, ndim, shape, argname)
+    _check_oversize(oversize)
+    d = rt.registry.add_data(lambda ID: Data(ID, dtype, ndim, minibatch=minibatch, name=name))
+    if value is not None:
+        d._set_value(value, force_cast, oversize, argname)
+    elif shape is not None:
+        d.set_shape(shape, oversize=oversize)
+    return d
 
-        if not isinstance(var, TensorVariable):
-            raise TypeError("var must be a PyTensor tensor variable, got %s" % (brief(var),))
-        if dtype is not None and np.dtype(dtype) != np.dtype(var.dtype):
-            raise TypeError("dtype %r conflicts with var.dtype %r" % (dtype, var.dtype))
-        if ndim is not None and ndim != var.ndim:
-            raise TypeError("ndim %r conflicts with var.ndim %r" % (ndim, var.ndim))
-        dtype, ndim = var.dtype, var.ndim
-        name = var.name if name is None else name
+
+def _type_of_var(var, dtype, ndim, name):
+    """``(dtype, ndim, name)`` of PyTensor variable ``var``, checked against those
+    given (``name`` given wins)."""
+    from pytensor.tensor.variable import TensorVariable
+
+    if not isinstance(var, TensorVariable):
+        raise TypeError("var must be a PyTensor tensor variable, got %s" % (brief(var),))
+    if dtype is not None and np.dtype(dtype) != np.dtype(var.dtype):
+        raise TypeError("dtype %r conflicts with var.dtype %r" % (dtype, var.dtype))
+    if ndim is not None and ndim != var.ndim:
+        raise TypeError("ndim %r conflicts with var.ndim %r" % (ndim, var.ndim))
+    return var.dtype, var.ndim, var.name if name is None else name
+
+
+def _dtype_and_ndim(value, dtype, ndim, shape, argname):
+    """The checked numpy dtype and ndim of new Data: those given, else ``value``'s,
+    else (ndim) the length of ``shape``."""
     dtype_of_value = value is not None and dtype is None  # then a bad dtype is the value's fault
     if value is not None:
         arr = value.data if isinstance(value, Data) else _as_array(value, argname)
@@ -374,10 +393,4 @@ def make_data(value, var, dtype, ndim, shape, minibatch, force_cast, oversize, n
     _check_dtype(dtype, argname if dtype_of_value else "dtype")
     if isinstance(ndim, bool) or not isinstance(ndim, numbers.Integral) or ndim < 0:
         raise TypeError("ndim must be a non-negative int, got %r" % (ndim,))
-    _check_oversize(oversize)
-    d = rt.registry.add_data(lambda ID: Data(ID, dtype, ndim, minibatch=minibatch, name=name))
-    if value is not None:
-        d._set_value(value, force_cast, oversize, argname)
-    elif shape is not None:
-        d.set_shape(shape, oversize=oversize)
-    return d
+    return dtype, ndim

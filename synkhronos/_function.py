@@ -1,12 +1,11 @@
 """``synk.function()``: PyTensor functions that run data-parallel on all ranks."""
 
 import logging
-import os
 import time
 
 from ._call.plan import order_inputs, plan_call
 from ._call.results import in_graph_dtypes, reduce_results, take_reduced
-from ._call.share import device_reduction, run_share, run_share_reduced
+from ._call.share import device_reduction, run_share, run_share_reduced, share_rows
 from ._common import log
 from ._common.values import array_fits
 from ._data import Data, make_data
@@ -22,6 +21,7 @@ from ._graph.function_core import FunctionCore
 from ._graph.linking import compile_for_device
 from ._graph.precompile import precompile
 from ._session import runtime
+from ._session.foreign import function_handle
 from ._wire.exchange_buffer import unpack
 
 __all__ = ["function", "Function"]
@@ -182,8 +182,8 @@ class Function:
                 raise ValueError("minibatch list needs %d entries, got %d" % (len(ordered), len(minibatch)))
         else:
             minibatch = [minibatch] * len(ordered)
-        datas = tuple(make_data(v, var, None, None, None, mb, force_cast, oversize, None,
-                                "Function.build_inputs: input %d (%s)" % (i, var))
+        datas = tuple(make_data(v, var, minibatch=mb, force_cast=force_cast, oversize=oversize,
+                                argname="Function.build_inputs: input %d (%s)" % (i, var))
                       for i, (v, var, mb) in enumerate(zip(ordered, self._inputs, minibatch)))
         return datas[0] if len(datas) == 1 else datas
 
@@ -204,7 +204,7 @@ class Function:
         # it (a deep copy, say), the function itself; anywhere else, a stand-in whose
         # calls say why they cannot run there (see _ForeignFunction).
         rt = self._rt
-        return _function_handle, (rt.token, self._core.ID, self._what, rt.owner)
+        return function_handle, (rt.token, self._core.ID, self._what, rt.owner)
 
     # ---------------------------------------------------------------------- call
     def __call__(self, *args, output_subset=None, batch=None, batch_s=None, num_slices=1, **kwargs):
@@ -303,10 +303,24 @@ class Function:
     def _run_on_ranks(self, rt, plan, specs):
         """Run ``plan`` on every rank: ``(master's result, workers' replies)``, or
         ``(None, None)`` for a call that was only queued."""
-        core = self._core
-        key = core.variant_key(plan.subset, plan.num_slices, plan.share_sels[rt.master_rank])
+        key = self._variant_key(rt, plan)
         if key not in self._ran:
             return self._run_first_on_ranks(rt, plan, specs, key)
+        return self._dispatch(rt, plan, specs)
+
+    def _variant_key(self, rt, plan):
+        """The variant the master's share runs (by the rule every rank follows), or
+        None where the master's rows are wrong: its share raises why, once the
+        workers have run theirs."""
+        scattered, _, share_sel, subset, num_slices = plan.master_args(rt.master_rank)
+        try:
+            _, slices = share_rows(self._core, rt.device, scattered, share_sel, num_slices)
+        except ValueError:
+            return None
+        return self._core.variant_key(subset, slices, share_sel)
+
+    def _dispatch(self, rt, plan, specs):
+        core = self._core
         workers = rt.worker_ranks
         messages = plan.messages(core.ID, workers)
         local = self._local(rt, plan, specs)
@@ -326,24 +340,27 @@ class Function:
                 rt.registry.forget_shapes(reshaped)
 
     def _run_first_on_ranks(self, rt, plan, specs, key):
-        """``_send`` for the first call of a variant (``key``): compiled here
+        """``_run_on_ranks`` for the first call of a variant (``key``): compiled here
         first (Numba), so that the workers load it from PyTensor's warm cache
         instead of each compiling it at once, and announced if it takes long.
         Checked here, once per variant and not on every call: whether the
-        workers hold this function yet."""
+        workers hold this function yet.  ``key`` None: nothing to compile ahead
+        (see ``_variant_key``)."""
         if not rt.registry.is_distributed(self._core.ID):
             raise RuntimeError("this function was built after the last synkhronos.distribute(): "
                                "call distribute() again to send it to the workers")
         refusal = rt.registry.refusal(self._core.ID)
         if refusal is not None:
             raise TypeError(str(refusal)) from refusal.__cause__
+        if key is None:
+            return self._dispatch(rt, plan, specs)
         compiled = self._core.compiled(*key)
         notice = log.compile_notice(self._what, compiled, rt.n_parallel)
         failed = True
         try:
             precompile(compiled)
-            self._ran.add(key)  # for the call below, which then takes the usual path
-            result = self._run_on_ranks(rt, plan, specs)
+            self._ran.add(key)
+            result = self._dispatch(rt, plan, specs)
             failed = False
             return result
         except BaseException:
@@ -353,36 +370,3 @@ class Function:
             if notice is not None:
                 notice.close(failed)
 
-
-def _function_handle(token, index, what, owner):
-    """A pickled ``Function`` unpickled: the live function if this process holds
-    its session, else a ``_ForeignFunction``."""
-    rt = runtime.current()
-    if rt is not None and rt.token == token:
-        return rt.registry.function(index)
-    return _ForeignFunction(what, owner)
-
-
-class _ForeignFunction:
-    """What a Synkhronos function becomes in another process (a pickled copy in a
-    spawned child, say): calling it raises RuntimeError naming the rule that only
-    the process that called ``fork()`` may call its session's functions."""
-
-    def __init__(self, what, owner):
-        self._what = what
-        self._owner = owner
-
-    def __repr__(self):
-        return "<%s of the Synkhronos session of pid %d>" % (self._what, self._owner)
-
-    def __call__(self, *args, **kwargs):
-        if self._owner == os.getpid():  # pickled before its session closed
-            raise RuntimeError("%s belongs to a closed Synkhronos session; build functions again after "
-                               "fork()" % self._what)
-        raise RuntimeError(
-            "%s belongs to the Synkhronos session of pid %d; this process (pid %d) has no part in it: "
-            "only the process that called synkhronos.fork() may call its functions and collectives. "
-            "Call it there, or compile a plain PyTensor function for this process."
-            % (self._what, self._owner, os.getpid()))
-
-    as_theano = as_pytensor = __call__

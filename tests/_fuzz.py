@@ -7,8 +7,9 @@ unknown reduce op, a bad rank, a variable no function uses, a call in the wrong
 state, ...).  Each such case says which exception types may result and which
 words the message must contain: the argument's name and the bad value.  The rest
 are sound calls, some with NaN or Inf data, whose results are compared with
-numpy, using a model of every rank's value of every shared variable that the
-collectives update as they run.
+numpy, using the tests' one oracle (``_model.Reference``, which the model-based
+test uses too): every rank's value of every shared variable, which each sound
+call the session accepted updates as the library must.
 """
 
 import numbers
@@ -16,6 +17,7 @@ import numbers
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
+from _model import Refused, rows_of
 
 import synkhronos as synk
 
@@ -81,36 +83,13 @@ def _r(value):
     return repr(value)
 
 
-class Model:
-    """Every rank's value of every shared variable, as the collectives leave it."""
-
-    def __init__(self, n, shareds):
-        self.n = n
-        self.values = {id(var): [np.array(var.get_value()) for _ in range(n)] for var in shareds}
-
-    def get(self, var):
-        return self.values[id(var)]
-
-    def set_all(self, var, value):
-        self.values[id(var)] = [np.array(value, dtype=var.dtype) for _ in range(self.n)]
-
-    def set(self, var, rank, value):
-        self.values[id(var)][rank] = np.array(value, dtype=var.dtype)
-
-    def shapes(self, var):
-        return [v.shape for v in self.get(var)]
-
-    def equal_shapes(self, var):
-        return len(set(self.shapes(var))) == 1
-
-
-def _reduce(values, op, dtype):
-    stack = np.stack(values)
-    if op == "avg":
-        out = stack.mean(axis=0) if np.dtype(dtype).kind == "f" else stack.sum(axis=0) / len(values)
-    else:
-        out = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](stack, axis=0)
-    return np.asarray(out).astype(dtype)
+def follow(step):
+    """Run ``step``, a sound call the session accepted, on the reference; the
+    reference refusing it fails the case (the session should have refused it)."""
+    try:
+        return step()
+    except Refused as refused:
+        raise AssertionError("accepted, but the reference refuses it (%s)" % refused) from None
 
 
 def _close(a, b):
@@ -120,16 +99,6 @@ def _close(a, b):
 
 def _fail(got, want):
     raise AssertionError("got %r, expected %r" % (got, want))
-
-
-def _split(length, parts):
-    q, r = divmod(length, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        stop = start + q + (1 if i < r else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
 
 
 class Fuzzer:
@@ -317,15 +286,6 @@ class Fuzzer:
             return [int(i) for i in idx]
         return idx.astype(self.pick(["int64", "int32", "uint16"]))
 
-    @staticmethod
-    def rows(sel, length):
-        """Row indices that selection ``sel`` picks from ``length`` rows."""
-        if isinstance(sel, numbers.Integral):
-            return np.arange(sel)
-        if isinstance(sel, slice):
-            return np.arange(length)[sel]
-        return np.asarray(sel, dtype=np.int64)
-
     # ----------------------------------------------------------- function calls
     def call_fa(self):
         e, v, rng = self.e, self.e.v, self.rng
@@ -379,7 +339,7 @@ class Fuzzer:
         rows = np.arange(N_ROWS)
         if self.chance(0.7):
             kwargs["batch"] = self.selection(N_ROWS)
-            rows = self.rows(kwargs["batch"], N_ROWS)
+            rows = rows_of(kwargs["batch"], N_ROWS)
         if self.chance(0.4):
             kwargs["num_slices"] = int(self.pick([2, 3, 5, 100]))
         subset = None
@@ -414,7 +374,7 @@ class Fuzzer:
             return Case("Function.__call__", "inputs of 20 and 7 rows", lambda: v.fm(e.dx, e.dx7),
                         Raises(ValueError, "different lengths [20, 7]"))
         sel = self.selection(N_ROWS)
-        rows = self.rows(sel, N_ROWS)
+        rows = rows_of(sel, N_ROWS)
         if len(rows) > N_ROWS:  # the minibatch input has N_ROWS rows
             sel = rows = rows[:N_ROWS]
         want = np.sum(e.xval[rows] * e.mval[:len(rows)])
@@ -428,20 +388,20 @@ class Fuzzer:
             return Case("Function.__call__", "input i = %s Data" % why, lambda: v.fi(bad),
                         Raises(TypeError, "input 0 (i)", why))
         sel = self.selection(N_ROWS)
-        want = np.sum(e.ival[self.rows(sel, N_ROWS)].astype(np.int64))
+        want = np.sum(e.ival[rows_of(sel, N_ROWS)].astype(np.int64))
         return Case("Function.__call__", "valid int, batch=%r" % (sel,),
                     lambda: v.fi(e.di16, batch=sel), Valid(lambda r: _close(r, want)))
 
     def call_fs(self):
-        v, m = self.e.v, self.e.model
-        lengths = [len(a) for a in m.get(v.sh)]
+        v, ref = self.e.v, self.e.ref
+        lengths = [len(a) for a in ref.of(v.sh)]
         if min(lengths) == 0:
             if max(lengths) == 0:
                 return Case("Function.__call__", "sh has no rows on any rank", lambda: v.fs(),
                             Raises(ValueError, "no rows"))
             value = self.value_for(v.sh, length=N_SH)
             return Case("broadcast", "valid sh (rows again)", lambda: synk.broadcast(v.sh, value),
-                        Valid(lambda r: m.set_all(v.sh, value)))
+                        Valid(lambda r: follow(lambda: ref.broadcast([ref.k(v.sh)], [value]))))
         what = self.pick(["batch_s", "batch_s", "per_rank", "batch", "num_slices", "too_long", "valid",
                           "valid", "valid"])
         api = "Function.__call__"
@@ -479,12 +439,9 @@ class Fuzzer:
             bad, expect = self.bad_num_slices()
             return Case(api, "num_slices=%r" % (bad,), lambda: v.fs(num_slices=bad), expect)
         if what == "too_long":
-            if len(set(lengths)) == 1:
+            if len(set(lengths)) == 1:  # shorten sh on one rank first
                 r = int(self.rng.integers(self.n))
-                m.set(v.sh, r, m.get(v.sh)[r][:max(1, lengths[r] - 3)])
-                value = m.get(v.sh)[r]
-                return Case("set_value", "shorten sh on rank %d" % r,
-                            lambda: synk.set_value(r, v.sh, value), Valid())
+                return self._set_value_case(r, v.sh, ref.of(v.sh)[r][:max(1, lengths[r] - 3)], None)
             top = max(lengths)
             bad = slice(0, top)
             return Case(api, "batch_s=%r beyond a shorter rank's rows" % (bad,), lambda: v.fs(batch_s=bad),
@@ -492,8 +449,8 @@ class Fuzzer:
         return self.valid_fs(lengths)
 
     def valid_fs(self, lengths):
-        v, m = self.e.v, self.e.model
-        values = m.get(v.sh)
+        v = self.e.v
+        values = self.e.ref.of(v.sh)
         kwargs = {}
         if self.chance(0.7):
             if self.chance(0.5):
@@ -513,14 +470,14 @@ class Fuzzer:
                         sels.append(slice(a, int(self.rng.integers(a, n + 1))))
                     else:
                         sels.append([int(i) for i in self.rng.integers(0, n, int(self.rng.integers(0, 6)))])
-                if not any(len(self.rows(s, n)) for s, n in zip(sels, lengths)):
+                if not any(len(rows_of(s, n)) for s, n in zip(sels, lengths)):
                     sels[0] = slice(0, 1) if as_slices else [0]
                 kwargs["batch_s"] = sels
         else:
             sels = [None] * self.n
         if self.chance(0.3):
             kwargs["num_slices"] = int(self.pick([2, 3]))
-        parts = [a if s is None else a[self.rows(s, len(a))] for a, s in zip(values, sels)]
+        parts = [a if s is None else a[rows_of(s, len(a))] for a, s in zip(values, sels)]
         parts = [p for p in parts if len(p)]
         # np.max, not max(): Python's max() skips a NaN depending on where it is
         want = [np.sum([np.sum(p) for p in parts]), np.max([np.max(p) for p in parts])]
@@ -528,8 +485,8 @@ class Fuzzer:
                     Valid(lambda r: [_close(g, w) for g, w in zip(r, want)]))
 
     def call_fv(self):
-        v, m = self.e.v, self.e.model
-        want = [sum(np.sum(a) for a in m.get(var)) for var in (v.s, v.k, v.st)]
+        v, ref = self.e.v, self.e.ref
+        want = [sum(np.sum(a) for a in ref.of(var)) for var in (v.s, v.k, v.st)]
         return Case("Function.__call__", "valid fv", lambda: v.fv(),
                     Valid(lambda r: [_close(g, w) for g, w in zip(r, want)]))
 
@@ -613,14 +570,14 @@ class Fuzzer:
     def _unequal(self, name, call):
         """A reduction over a variable whose shapes differ between ranks (made so
         first, by a sound set_value, if none is)."""
-        m, v = self.e.model, self.e.v
+        ref, v = self.e.ref, self.e.v
         for var in (v.s, v.k, v.sh):
-            if not m.equal_shapes(var):
-                return Case(name, "%s of unequal shapes %s" % (var, m.shapes(var)), lambda var=var: call(var),
-                            Raises(ValueError, str(var), "shapes differ"))
+            if not ref.equal_shapes(ref.k(var)):
+                return Case(name, "%s of unequal shapes %s" % (var, ref.shapes(ref.k(var))),
+                            lambda var=var: call(var), Raises(ValueError, str(var), "shapes differ"))
         var = self.pick([v.s, v.k, v.sh])
         r = int(self.rng.integers(self.n))
-        value = self.value_for(var, length=len(m.get(var)[r]) + 1)
+        value = self.value_for(var, length=len(ref.of(var)[r]) + 1)
         return self._set_value_case(r, var, value, None)
 
     def bad_reduce(self):
@@ -685,78 +642,71 @@ class Fuzzer:
 
     # ------------------------------------------------------ collectives, sound
     def _set_value_case(self, rank, var, value, batch):
-        m = self.e.model
-        rows = value if batch is None else value[self.rows(batch, len(value))]
+        ref = self.e.ref
 
         def check(result):
             assert result is None
-            m.set(var, rank, rows)
+            follow(lambda: ref.set_value(rank, [ref.k(var)], [value], batch))
 
         return Case("set_value", "valid rank %d %s%s" % (rank, var, "" if batch is None else " batch"),
                     lambda: synk.set_value(rank, var, value, batch=batch), Valid(check))
 
     def valid_collective(self, name):
-        m, v, n = self.e.model, self.e.v, self.n
+        ref, v, n = self.e.ref, self.e.v, self.n
         var = self._var()
-        vals = m.get(var)
+        k = ref.k(var)
         if name == "broadcast":
             value = self.value_for(var) if self.chance(0.7) else None
 
             def check(result):
-                m.set_all(var, vals[0] if value is None else value)
+                follow(lambda: ref.broadcast([k], None if value is None else [value]))
 
             return Case(name, "valid %s" % var, lambda: synk.broadcast(var, value), Valid(check))
         if name == "scatter":
             var = self._var(v.st)
-            vals = m.get(var)
             value = self.value_for(var, length=int(self.rng.integers(n, 4 * n)))
             batch = self.selection(len(value)) if self.chance(0.5) else None
-            rows = value if batch is None else value[self.rows(batch, len(value))]
 
             def check(result):
-                for r, (a, b) in enumerate(_split(len(rows), n)):
-                    m.set(var, r, rows[a:b])
+                follow(lambda: ref.scatter([ref.k(var)], [value], batch))
 
             return Case(name, "valid %s" % var, lambda: synk.scatter(var, value, batch=batch), Valid(check))
         if name == "gather":
             nd_up = self.pick([0, 1])
 
             def check(result):
-                if nd_up == 0:
-                    _close(result, np.concatenate(vals))
-                elif m.equal_shapes(var):
-                    _close(result, np.stack(vals))
-                else:
+                want = follow(lambda: ref.gather([k], nd_up))[0]
+                if isinstance(want, list):  # ranks' values of different shapes
                     assert isinstance(result, list) and len(result) == n
-                    for g, w in zip(result, vals):
+                    for g, w in zip(result, want):
                         _close(g, w)
+                else:
+                    _close(result, want)
 
             return Case(name, "valid %s nd_up=%d" % (var, nd_up), lambda: synk.gather(var, nd_up=nd_up),
                         Valid(check))
         if name == "all_gather":
             var = self._var(v.st)
-            vals = m.get(var)
-            if sum(len(a) for a in vals) > 40:  # keep the values small: broadcast instead
+            if sum(len(a) for a in ref.of(var)) > 40:  # keep the values small: broadcast instead
                 return self.valid_collective("broadcast")
 
             def check(result):
-                m.set_all(var, np.concatenate(vals))
+                follow(lambda: ref.all_gather([ref.k(var)]))
 
             return Case(name, "valid %s" % var, lambda: synk.all_gather(var), Valid(check))
         if name in ("reduce", "all_reduce"):
-            if not m.equal_shapes(var):
+            if not ref.equal_shapes(k):
                 return self._unequal(name, getattr(synk, name))
             op = self.pick(["avg", "sum", "prod", "max", "min"])
-            want = _reduce(vals, op, var.dtype)
             if name == "all_reduce":
                 return Case(name, "valid %s op=%s" % (var, op), lambda: synk.all_reduce(var, op=op),
-                            Valid(lambda r: m.set_all(var, want)))
+                            Valid(lambda r: follow(lambda: ref.all_reduce([k], op))))
             in_place = self.chance(0.5)
 
             def check(result):
+                (want, _), = follow(lambda: ref.reduce([k], op, in_place))
                 if in_place:
                     assert result is None
-                    m.set(var, 0, want)
                 else:
                     _close(result, want)
 
@@ -769,14 +719,14 @@ class Fuzzer:
             return self._set_value_case(r, var, value, batch)
         if name == "get_value":
             r = int(self.rng.integers(n))
-            want = vals[r]
+            want = ref.vals[k][r]
             return Case(name, "valid rank %d %s" % (r, var), lambda: synk.get_value(r, var),
                         Valid(lambda got: _close(got, want)))
         if name == "get_shapes":
-            want = m.shapes(var)
+            want = ref.shapes(k)
             return Case(name, "valid %s" % var, lambda: synk.get_shapes(var),
                         Valid(lambda got: got == want or _fail(got, want)))
-        want = [s[0] for s in m.shapes(var)]
+        want = ref.lengths(k)
         return Case(name, "valid %s" % var, lambda: synk.get_lengths(var),
                     Valid(lambda got: got == want or _fail(got, want)))
 

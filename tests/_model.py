@@ -1,4 +1,5 @@
-"""A plain-numpy reference for the model-based test (``_machine.py``).
+"""The tests' one plain-numpy oracle of the public API: the model-based test
+(``_machine.py``) and the fuzz test (``_fuzz.py``) both check the library against it.
 
 ``Reference`` holds every rank's value of every shared variable and every
 ``Data``'s values, and says for each public call what it must return and leave
@@ -163,6 +164,18 @@ class Reference:
         self.vals = [[np.array(v) for _ in range(n)] for v in initial]  # every rank starts equal
         self.datas = {}
 
+    # ---------------------------------------------------- variables by object
+    def k(self, var):
+        """The index of shared variable ``var`` (the object itself: names may repeat)."""
+        for k, v in enumerate(self.variables):
+            if v is var:
+                return k
+        raise KeyError(var)
+
+    def of(self, var):
+        """Every rank's value of shared variable ``var``, by rank."""
+        return self.vals[self.k(var)]
+
     # ------------------------------------------------------------- values given
     def value_for(self, k, given):
         """What variable ``k`` stores for ``given``: ``("data", key)`` names a
@@ -310,6 +323,9 @@ class Reference:
 
     def shapes(self, k):
         return [v.shape for v in self.vals[k]]
+
+    def equal_shapes(self, k):
+        return len(set(self.shapes(k))) == 1
 
     def lengths(self, k):
         if self.vals[k][0].ndim == 0:

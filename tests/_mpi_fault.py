@@ -1,5 +1,5 @@
 """A rank on another "host" dies during a call or a collective: the master must
-raise WorkerError naming its rank and host within seconds (tests/test_mpi.py).
+raise WorkerError naming its rank and host within seconds (tests/mpi/test_mpi.py).
 
 Usage, under ``mpirun --enable-recovery`` with ``SYNKHRONOS_FAULT`` set to crash
 rank 2: ``python _mpi_fault.py {call,nccl}``.

@@ -1,5 +1,5 @@
 """One Synkhronos session that exercises functions and every collective, for
-tests/test_mpi.py: run under ``mpirun -n 4`` (every rank its own host) and as a
+tests/mpi/test_mpi.py: run under ``mpirun -n 4`` (every rank its own host) and as a
 plain single-host run, it must give the same results.
 
 Usage: ``python _mpi_session.py OUT.npz [gpu]``: 4 CPU ranks, or with ``gpu``

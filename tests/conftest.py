@@ -1,15 +1,33 @@
-"""Test settings: PyTensor compiles with FAST_COMPILE so that a cold machine does not
-spend minutes in Numba; workers inherit the flag through the environment.  PyTensor
-2.x (which PyMC pins) still builds C thunks with g++ under FAST_COMPILE, seconds per
-fresh process; ``cxx=`` gives it Python thunks, as PyTensor 3's FAST_COMPILE has.  Test
-modules run in parallel (pytest-xdist, ``-n auto`` in pyproject.toml): how many at
-once is decided here; ``-n 0`` runs them one after the other."""
+"""Test settings for every folder of the suite (see docs/contributing.md, "Tests").
+
+PyTensor compiles with FAST_COMPILE so that a cold machine does not spend
+minutes in Numba; workers inherit the flag through the environment.  PyTensor 2.x
+(which PyMC pins) still builds C thunks with g++ under FAST_COMPILE, seconds per
+fresh process; ``cxx=`` gives it Python thunks, as PyTensor 3's FAST_COMPILE has.
+
+Ctrl-C: a process started with SIGINT ignored (a background job of a script,
+``cmd &``, as the shell starts it) would pass the ignoring on to every child, and
+Python installs no KeyboardInterrupt handler where SIGINT is ignored at start-up,
+so the tests that signal pytest's own process or a user script would wait in
+vain.  Here pytest's process takes Python's default handler back; the children it
+starts then begin with the default disposition, as from a terminal.  (The library
+is not touched: its workers still ignore SIGINT themselves.)
+
+Parallel modules: with pytest-xdist installed (and not disabled, ``-p no:xdist``),
+a run with no ``-n`` of its own gets ``-n auto --dist loadfile``: a module's tests
+stay together, in order, in one process, and ``_Parallel`` decides how many
+processes.  ``-n 0`` runs the modules one after the other; without pytest-xdist
+the suite runs in pytest's process alone."""
 
 import os
+import signal
 from importlib.metadata import version
 
 PYTENSOR_2 = version("pytensor").startswith("2.")
 os.environ.setdefault("PYTENSOR_FLAGS", "mode=FAST_COMPILE" + (",cxx=" if PYTENSOR_2 else ""))
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 
@@ -18,21 +36,36 @@ import synkhronos as synk  # noqa: E402
 MAX_PARALLEL_MODULES = 4
 
 
-def pytest_xdist_auto_num_workers(config):
-    """Test processes for ``-n auto``: one per core up to MAX_PARALLEL_MODULES.
-    Most tests wait on their sessions' workers more than they compute (run one
-    module at a time, the suite keeps one of two cores busy), so two modules at
-    once fit even on 2 cores.  None on one core, and none where GPUs
-    are visible: GPU tests take every GPU, so two at once would share them."""
-    from synkhronos._devices import visible_gpus
+class _Parallel:
+    """pytest-xdist's settings, registered only where xdist is loaded (an unknown
+    hook would stop pytest where it is not)."""
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < 2 or visible_gpus():
-        return 0
-    return min(cores, MAX_PARALLEL_MODULES)
+    @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the options
+    def pytest_cmdline_main(self, config):
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            return  # a worker runs its share itself
+        if config.option.numprocesses is None:
+            config.option.numprocesses = "auto"
+        if config.option.dist == "no" and not config.option.distload:
+            config.option.dist = "loadfile"
+
+    def pytest_xdist_auto_num_workers(self, config):
+        """Test processes for ``-n auto``: one per core up to MAX_PARALLEL_MODULES.
+        Most tests wait on their sessions' workers more than they compute (run one
+        module at a time, the suite keeps one of two cores busy), so two modules at
+        once fit even on 2 cores.  None on one core, and none where GPUs
+        are visible: GPU tests take every GPU, so two at once would share them."""
+        from synkhronos._devices import visible_gpus
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if cores < 2 or visible_gpus():
+            return 0
+        return min(cores, MAX_PARALLEL_MODULES)
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
+    if pluginmanager.hasplugin("xdist") and not pluginmanager.has_plugin("synkhronos-parallel"):
+        pluginmanager.register(_Parallel(), "synkhronos-parallel")
     group = parser.getgroup("synkhronos")
     group.addoption("--fuzz-n", type=int, default=2000,
                     help="malformed calls the fuzz suite makes (default 2000; more for local runs)")

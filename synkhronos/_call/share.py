@@ -13,7 +13,7 @@ from .._common.selections import (
     take_rows,
 )
 
-__all__ = ["device_reduction", "run_share", "run_share_reduced"]
+__all__ = ["device_reduction", "run_share", "run_share_reduced", "share_rows"]
 
 
 def device_reduction(core, device, subset, num_slices):
@@ -74,6 +74,30 @@ def _share_length(core, device, share_sel, need_equal):
         check_selection_fits(share_sel, n, "sliceable shared variable %s" % s, "batch_s")
     return selection_length(share_sel)
 
+def share_rows(core, device, scattered, share_sel, num_slices):
+    """The rows of this rank's share and the slices it runs in: ``(weight,
+    slices)``, the one rule for both (the variant a share runs is
+    ``core.variant_key(subset, slices, share_sel)``).
+
+    ``weight`` is the number of rows, or None when nothing is split (every rank
+    runs the whole function, in one slice); ``slices`` is ``num_slices``, or the
+    rows where there are fewer.
+    """
+    n_rows = None
+    if scattered:
+        n_rows = len(scattered[0][0]) if scattered[0][1] is None else selection_length(scattered[0][1])
+    share_len = None
+    if core.sliceable and (share_sel is not None or num_slices > 1 or n_rows is None):
+        share_len = _share_length(core, device, share_sel, need_equal=num_slices > 1)
+        if n_rows is not None and (share_sel is not None or num_slices > 1) and share_len != n_rows:
+            raise ValueError(
+                "scattered inputs give %d rows on this rank but the sliceable shared "
+                "variables give %d; their lengths must match" % (n_rows, share_len)
+            )
+    weight = n_rows if n_rows is not None else share_len
+    return weight, 1 if weight is None else min(num_slices, weight)
+
+
 def run_share(core, device, scattered, bcast, share_sel, subset, num_slices):
     """Run this rank's share of a call.
 
@@ -98,41 +122,28 @@ def run_share(core, device, scattered, bcast, share_sel, subset, num_slices):
         ``weight`` is the number of rows used (1 when there is nothing to
         split); ``outputs`` is a list, or None when the rank had no rows.
     """
-    n_rows = None
-    if scattered:
-        n_rows = len(scattered[0][0]) if scattered[0][1] is None else selection_length(scattered[0][1])
-    share_len = None
-    if core.sliceable and (share_sel is not None or num_slices > 1 or n_rows is None):
-        share_len = _share_length(core, device, share_sel, need_equal=num_slices > 1)
-        if n_rows is not None and (share_sel is not None or num_slices > 1) and share_len != n_rows:
-            raise ValueError(
-                "scattered inputs give %d rows on this rank but the sliceable shared "
-                "variables give %d; their lengths must match" % (n_rows, share_len)
-            )
-    weight = n_rows if n_rows is not None else share_len
-    if weight is None:  # nothing to split: every rank runs the whole function
-        return 1, _run_whole(core, device, subset, None, _fit(core, bcast))
+    weight, slices = share_rows(core, device, scattered, share_sel, num_slices)
     if weight == 0:
         return 0, None
-    slices = min(num_slices, weight)
+    key = core.variant_key(subset, slices, share_sel)
+    if weight is None:  # nothing to split: every rank runs the whole function
+        return 1, _run_whole(core, device, key, _fit(core, bcast))
     if slices == 1:
-        kind, share_args = core.share_args(share_sel, None)
         ins = [take_rows(a, sel) for a, sel in scattered] + list(bcast)
-        return weight, _run_whole(core, device, subset, kind, _fit(core, ins) + share_args)
-    return weight, _run_sliced(core, device, scattered, bcast, share_sel, subset, weight, slices)
+        return weight, _run_whole(core, device, key, _fit(core, ins) + core.share_args(share_sel, None)[1])
+    return weight, _run_sliced(core, device, key, scattered, bcast, share_sel, weight, slices)
 
 
-def _run_whole(core, device, subset, kind, ins):
-    outputs = core.variant(subset, False, kind)(*ins)
+def _run_whole(core, device, key, ins):
+    outputs = core.variant(*key)(*ins)
     if core.updates:
         device.after_updates(core)
     return outputs
 
 
-def _run_sliced(core, device, scattered, bcast, share_sel, subset, length, slices):
-    accumulate = bool(core.updates)
-    kind = core.sliced_kind(share_sel)
-    fn = core.variant(subset, accumulate, kind)
+def _run_sliced(core, device, key, scattered, bcast, share_sel, length, slices):
+    subset, accumulate, kind = key
+    fn = core.variant(*key)
     out_accs = [Accumulator(core.output_modes[i]) for i in subset]
     upd_accs = [Accumulator(m) for m in core.update_modes] if accumulate else []
     for start, stop in split_bounds(length, slices):

@@ -6,8 +6,8 @@ import os
 __all__ = ["env_nonnegative", "env_flag", "spin_seconds", "SPIN_ENV", "SPIN_DEFAULT"]
 
 # How long a process polls for the next message before it sleeps (see
-# ``_wire.channel``).  (Polling 3 ms instead of 100 us did not speed up a tiny call on
-# 2 GPUs.)
+# ``_wire.channel``): long enough for a small call's reply; longer polls did not
+# make tiny calls faster (see the docs page "Benchmarks", *Design decisions*).
 SPIN_ENV = "SYNKHRONOS_SPIN_US"
 SPIN_DEFAULT = 100e-6
 

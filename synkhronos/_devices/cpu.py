@@ -71,9 +71,9 @@ def limit_threads(count):
 def jax_by_default():
     """Whether CPU ranks compile a function that names no ``mode`` with JAX: JAX
     is installed and PyTensor's mode is its default (no ``mode`` in its flags).
-    JAX was chosen by measurement (``benchmarks/cpu_backends.py``): it compiles in
-    seconds where Numba takes tens of seconds on an empty cache, and once
-    compiled its steps took as long or less."""
+    JAX compiles in seconds where Numba takes tens of seconds on an empty cache,
+    and its compiled steps are as fast or faster (see the docs page "CPU
+    workers")."""
     import pytensor
 
     return str(pytensor.config.mode) == "Mode" and importlib.util.find_spec("jax") is not None
@@ -126,8 +126,9 @@ def start_jax_pool(cores):
 
     XLA sizes that pool, once, by the cores the process may use, and its threads
     keep the cores they were created on.  With every rank's pool on every core,
-    a small training step on 2 ranks took 4-5 times as long as on cores of their
-    own; this process itself keeps all its cores.  Returns whether it started
+    the ranks' threads would crowd the same cores and slow small steps several
+    times over (see the docs page "CPU workers"); this process itself keeps all
+    its cores.  Returns whether it started
     the backend: not when ``cores`` is None or the backend already runs."""
     if cores is None:
         return False

@@ -175,7 +175,8 @@ class MpiCpuDevice(CpuDevice):
     @staticmethod
     def _take(var, fresh):
         """Make ``fresh`` (a new array of ``var``'s dtype that nothing else holds)
-        ``var``'s value without the copy ``set_value`` makes (64 MB: ~10 ms here)."""
+        ``var``'s value without the copy ``set_value`` makes, which a large
+        value would pay on every collective."""
         var.set_value(fresh, borrow=True)
 
     def _reduce(self, variables, op, shapes, root):

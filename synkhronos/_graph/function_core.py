@@ -134,13 +134,13 @@ class FunctionCore:
         kwargs.setdefault("on_unused_input", "ignore")
         return compile_function(ins, outs, updates=updates, givens=givens, **kwargs)
 
-    def variant_key(self, subset, num_slices, share_sel):
-        """The key ``(subset, accumulate, share_kind)`` of the variant a call with
-        these arguments will most likely use (``compiled(*key)`` builds it)."""
-        if num_slices > 1 and (self.n_scatter or self.sliceable):
+    def variant_key(self, subset, slices, share_sel):
+        """The key ``(subset, accumulate, share_kind)`` of the variant that runs
+        a share in ``slices`` slices (``_call.share.share_rows`` decides how
+        many); ``compiled(*key)`` builds it.  The master asks before a call
+        whether the variant ran yet, every rank when it runs its share."""
+        if slices > 1:
             return subset, bool(self.updates), self.sliced_kind(share_sel)
-        if share_sel is None:  # the usual call: no selection to look at
-            return subset, False, None
         return subset, False, self.share_args(share_sel, None)[0]
 
     def sliced_kind(self, share_sel):

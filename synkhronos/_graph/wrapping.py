@@ -1,6 +1,7 @@
-"""``WrappingOp``: an Op that applies another Op to the same inputs, with outputs of
-the same types, and computes it differently (``_graph.jax_shapes.ConcreteShapeOp``
-evaluates it with numpy while JAX traces; ``_graph.bf16.Bf16Op`` in bfloat16)."""
+"""Ops that compute another Op differently: ``WrappingOp`` applies an Op to the
+same inputs, with outputs of the same types, and computes it its own way
+(``_graph.jax_shapes.ConcreteShapeOp`` evaluates it with numpy while JAX traces;
+``_graph.bf16.Bf16Op`` in bfloat16)."""
 
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op

@@ -2,16 +2,16 @@
 master's own share meanwhile and reads the replies (see ``_wire.protocol``), and turns
 what goes wrong on the way into exceptions: a worker's error (``WorkerError``
 with its rank and traceback), a worker that died, a worker past the session's
-timeout (``StallError`` with every silent rank's stack).  A failure that leaves
-the ranks out of step calls ``on_failure`` (the session closes)."""
+timeout (``StallError`` with every silent rank's stack; the last two are
+``_session.failures``'s).  A failure that leaves the ranks out of step calls
+``on_failure`` (the session closes)."""
 
 import logging
-import subprocess
 import time
 
 from .._wire.protocol import COMMAND_OF, wire
-from ..exceptions import StallError, WorkerError
-from . import stacks
+from ..exceptions import WorkerError
+from .failures import check_alive, raise_death, raise_stall
 
 __all__ = ["Dispatcher"]
 
@@ -137,7 +137,7 @@ class Dispatcher:
                     self._read_owed(w)
             _, dead = self._deliver(message, ranks, posted=True)
             if dead is not None:
-                self._died(dead)
+                raise_death(self, dead)
             if local is None:
                 return None
             if not binding:
@@ -166,11 +166,11 @@ class Dispatcher:
                 except WorkerError:
                     self.on_failure()
                     raise
-        self._check_alive()
+        check_alive(self)
         if self.timeout is not None:
             now = time.monotonic()
             if any(w.busy and now - w.since >= self.timeout for w in self.workers.values()):
-                self._stall()
+                raise_stall(self)
 
     # ------------------------------------------------------------ replies
     def _settle(self):
@@ -193,7 +193,7 @@ class Dispatcher:
         try:
             (okay, result), label = self._reply(w)
         except (EOFError, OSError):
-            self._died(w.rank)
+            raise_death(self, w.rank)
         if not okay:
             exc_type, message, tb = result
             raise WorkerError(w.rank, exc_type, "%s (during an earlier %s, which returned before "
@@ -209,9 +209,9 @@ class Dispatcher:
             left = None if self.timeout is None else w.since + self.timeout - time.monotonic()
             if w.channel.wait(_DEATH_CHECK_S if left is None else min(left, _DEATH_CHECK_S)):
                 break
-            self._check_alive()
+            check_alive(self)
             if left is not None and left <= _DEATH_CHECK_S:
-                self._stall()
+                raise_stall(self)
         msg = w.channel.recv()
         if w.owed:  # replies come in the order of the commands: posted ones first
             label = w.owed.popleft()
@@ -241,7 +241,7 @@ class Dispatcher:
             else:
                 failures.append((r, result))
         if dead is not None:
-            self._died(dead)
+            raise_death(self, dead)
         if local_exc is not None:
             raise local_exc
         if failures:
@@ -292,39 +292,3 @@ class Dispatcher:
         object was garbage-collected): workers unmap it with their next command."""
         for w in self.workers.values():
             w.pending_drops.append(name)
-
-    # ------------------------------------------------------------ failure
-    def _check_alive(self):
-        """Raise WorkerError for the lowest rank whose process has died."""
-        for w in self.workers.values():
-            if w.channel.hung_up() and not w.channel.ready():
-                self._died(w.rank)
-
-    def _died(self, rank):
-        w = self.workers[rank]
-        code = stack = None
-        if w.process is not None:
-            try:  # its channel closed, so it is exiting: let it finish, for the exit code
-                code = w.process.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            stack = stacks.crash_stack(self.tmpdir, rank)
-        self.on_failure()
-        how = "" if w.process is None else " (exit code %s)" % code  # an MPI rank's is the launcher's
-        raise WorkerError(rank, "WorkerDied", "worker process on %s exited unexpectedly%s; "
-                          "Synkhronos has been closed" % (w.where, how), stack)
-
-    def _stall(self):
-        """Close the session and raise StallError for every worker that is past
-        the timeout without a reply (none: return, a reply has just come)."""
-        now = time.monotonic()
-        stuck = {r: w for r, w in self.workers.items()
-                 if w.busy and now - w.since >= self.timeout and not w.channel.ready()}
-        if not stuck:
-            return
-        labels = {r: (w.owed[0] if w.owed else w.asked) for r, w in stuck.items()}
-        waited = {r: now - w.since for r, w in stuck.items()}
-        taken = stacks.take({r: w.process.pid for r, w in stuck.items() if w.process is not None},
-                            self.tmpdir)
-        self.on_failure()
-        raise StallError(stuck, labels, self.timeout, taken, waited)

@@ -8,6 +8,7 @@ import collections
 import json
 import logging
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -109,54 +110,89 @@ def spawn_processes(rt):
     """Start one worker process per worker rank of ``rt`` and wait until each is
     ready; returns ``(tmpdir, {rank: WorkerHandle})``, ``tmpdir`` being the
     workers' private temporary directory (None without workers)."""
-    flags = pytensor_flags(_STARTUP_FLAGS, changed_only=True)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = [pkg_parent] + [p for p in sys.path if p]
-    tmpdir = None
-    if rt.worker_ranks:
-        # The workers' temporary files (PyTensor writes the source of every
-        # function it generates there) go to a private directory that close()
-        # removes; mode 0700, so no other user can read or plant files in it.
-        tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
+    tmpdir = _make_private_tmpdir(rt)
     rt.dispatcher.tmpdir = tmpdir  # for cleanup, should a worker fail to start
-    log_level = log.worker_level()
+    settings = _shared_worker_settings(rt, tmpdir)
     t0 = time.monotonic()
     workers = {}
     for rank in rt.worker_ranks:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        names = shm_channel_names(rt.token, rank)
-        try:
-            channel = ShmChannel(Connection(ours.detach()), rt.spin, names, master=True)
-        except BaseException:
-            theirs.close()
-            raise
-        env = dict(os.environ)
-        env.update(rt.device.worker_env(rank, rt.n_parallel))
-        env["TMPDIR"] = tmpdir
-        env["SYNK_WORKER"] = json.dumps(dict(
-            rank=rank, fd=theirs.fileno(), token=rt.token, n_parallel=rt.n_parallel,
-            master_rank=rt.master_rank, device=rt.device.name,
-            profile=bool(rt.profile_workers), profile_dir=tempfile.gettempdir(),
-            tmpdir=tmpdir, sys_path=path, spin=rt.spin, log_level=log_level, channel=names,
-            thread_share=getattr(rt.device, "threads", None),
-            threads=getattr(rt.device, "thread_choice", None),
-        ))
-        if flags:
-            extra = ",".join("%s=%s" % kv for kv in flags.items())
-            env["PYTENSOR_FLAGS"] = ",".join(f for f in (env.get("PYTENSOR_FLAGS"), extra) if f)
-        bootstrap = ("import json, os, sys; sys.path[:0] = json.loads(os.environ['SYNK_WORKER'])"
-                     "['sys_path']; from synkhronos._session.worker import main; main()")
-        try:
-            proc = subprocess.Popen([sys.executable, "-c", bootstrap], env=env,
-                                    pass_fds=(theirs.fileno(),), close_fds=True)
-        except BaseException:
-            channel.unlink()
-            channel.close()
-            raise
-        finally:
-            theirs.close()
-        workers[rank] = rt.dispatcher.workers[rank] = WorkerHandle(rank, proc, channel)
-        logger.debug("worker rank %d started (pid %d)", rank, proc.pid)
+        workers[rank] = rt.dispatcher.workers[rank] = _start_worker(rt, rank, settings)
+    _await_all_ready(workers, t0)
+    return tmpdir, workers
+
+
+def _make_private_tmpdir(rt):
+    """The workers' private temporary directory, or None without workers."""
+    if not rt.worker_ranks:
+        return None
+    # The workers' temporary files (PyTensor writes the source of every
+    # function it generates there) go to a private directory that close()
+    # removes; mode 0700, so no other user can read or plant files in it.
+    return tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
+
+
+def _shared_worker_settings(rt, tmpdir):
+    """What every spawned worker is told alike: ``(config, pytensor_flags)``,
+    ``config`` lacking only the worker's rank, socket and channel."""
+    pkg_parent = str(pathlib.Path(__file__).resolve().parents[2])  # holds synkhronos/
+    config = dict(
+        token=rt.token, n_parallel=rt.n_parallel,
+        master_rank=rt.master_rank, device=rt.device.name,
+        profile=bool(rt.profile_workers), profile_dir=tempfile.gettempdir(),
+        tmpdir=tmpdir, sys_path=[pkg_parent] + [p for p in sys.path if p], spin=rt.spin,
+        log_level=log.worker_level(),
+        thread_share=getattr(rt.device, "threads", None),
+        threads=getattr(rt.device, "thread_choice", None),
+    )
+    return config, pytensor_flags(_STARTUP_FLAGS, changed_only=True)
+
+
+def _start_worker(rt, rank, settings):
+    """Spawn worker ``rank`` with its end of a fresh socket pair and shared-memory
+    channel; returns its handle (not yet ready)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    names = shm_channel_names(rt.token, rank)
+    try:
+        channel = ShmChannel(Connection(ours.detach()), rt.spin, names, master=True)
+    except BaseException:
+        theirs.close()
+        raise
+    env = _worker_env(rt, rank, theirs.fileno(), names, settings)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP], env=env,
+                                pass_fds=(theirs.fileno(),), close_fds=True)
+    except BaseException:
+        channel.unlink()
+        channel.close()
+        raise
+    finally:
+        theirs.close()
+    logger.debug("worker rank %d started (pid %d)", rank, proc.pid)
+    return WorkerHandle(rank, proc, channel)
+
+
+# What a spawned worker runs: it finds the package on the master's sys.path.
+_BOOTSTRAP = ("import json, os, sys; sys.path[:0] = json.loads(os.environ['SYNK_WORKER'])"
+              "['sys_path']; from synkhronos._session.worker import main; main()")
+
+
+def _worker_env(rt, rank, fd, channel_names, settings):
+    """The environment of worker ``rank``: the master's, the device's settings for
+    the rank, and its configuration in ``SYNK_WORKER``."""
+    config, flags = settings
+    env = dict(os.environ)
+    env.update(rt.device.worker_env(rank, rt.n_parallel))
+    env["TMPDIR"] = config["tmpdir"]
+    env["SYNK_WORKER"] = json.dumps(dict(config, rank=rank, fd=fd, channel=channel_names))
+    if flags:
+        extra = ",".join("%s=%s" % kv for kv in flags.items())
+        env["PYTENSOR_FLAGS"] = ",".join(f for f in (env.get("PYTENSOR_FLAGS"), extra) if f)
+    return env
+
+
+def _await_all_ready(workers, t0):
+    """Wait until every spawned worker says it is ready, unlinking each one's
+    shared-memory names once it has opened them (or never will)."""
     deadline = time.monotonic() + READY_TIMEOUT
     for w in workers.values():
         try:
@@ -164,7 +200,6 @@ def spawn_processes(rt):
         finally:
             w.channel.unlink()  # the worker has opened it (or never will)
         logger.debug("worker rank %d ready after %.2f s", w.rank, time.monotonic() - t0)
-    return tmpdir, workers
 
 
 def _await_ready(w, deadline):

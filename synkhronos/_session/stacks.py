@@ -76,6 +76,15 @@ def take(pids, tmpdir, wait=3.0):
     seconds (a stopped process, say) gets a line saying so, with its state.
     """
     offsets = {r: _size(stack_path(tmpdir, r)) for r in pids}
+    signalled = _signal_all(pids, offsets)
+    done = _collect_dumps(tmpdir, offsets, wait)
+    return {r: _stack_or_reason(done.get(r), pid, wait) for r, pid in signalled.items()}
+
+
+def _signal_all(pids, offsets):
+    """Send ``DUMP_SIGNAL`` to each worker; returns ``{rank: pid}``, with the
+    ``OSError`` instead of the pid for a worker that could not be signalled
+    (whose entry then leaves ``offsets``)."""
     signalled = {}
     for r, pid in pids.items():
         try:
@@ -84,6 +93,14 @@ def take(pids, tmpdir, wait=3.0):
         except OSError as exc:
             offsets.pop(r)
             signalled[r] = exc
+    return signalled
+
+
+def _collect_dumps(tmpdir, offsets, wait):
+    """What each rank of ``offsets`` (rank -> size of its stack file before the
+    signal) wrote past its offset: ``{rank: text}``, once its file stopped
+    growing, or whatever is there after ``wait`` seconds.  Empties ``offsets``
+    of the ranks that settled."""
     deadline = time.monotonic() + wait
     last = {}  # rank -> (size, when it was first seen)
     done = {}
@@ -101,16 +118,18 @@ def take(pids, tmpdir, wait=3.0):
         text = _read_from(stack_path(tmpdir, r), offsets[r])
         if text:
             done[r] = text
-    stacks = {}
-    for r, pid in signalled.items():
-        if r in done:
-            stacks[r] = _without_watchdog(done[r])
-        elif isinstance(pid, OSError):
-            stacks[r] = "(no stack: the process could not be signalled: %s)" % pid
-        else:
-            stacks[r] = ("(no stack: the process did not answer %s within %g s; its state: %s)"
-                         % (DUMP_SIGNAL.name, wait, _state(pid)))
-    return stacks
+    return done
+
+
+def _stack_or_reason(text, pid, wait):
+    """A worker's stack ``text`` without the watchdog's, or, with no ``text``,
+    why there is none (``pid``: its pid, or the ``OSError`` that signalling it raised)."""
+    if text is not None:
+        return _without_watchdog(text)
+    if isinstance(pid, OSError):
+        return "(no stack: the process could not be signalled: %s)" % pid
+    return ("(no stack: the process did not answer %s within %g s; its state: %s)"
+            % (DUMP_SIGNAL.name, wait, _state(pid)))
 
 
 def crash_stack(tmpdir, rank):

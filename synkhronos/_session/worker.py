@@ -9,7 +9,8 @@ command channel ends (the master died), and, checked by a watchdog thread, when
 it is orphaned while busy with a command; then it removes the session's shared
 memory and temporary directory itself.
 
-Faults can be injected for tests (see ``_session.faults``).
+What each command does is in ``_session.handlers``.  Faults can be injected
+for tests (see ``_session.fault_injection``).
 """
 
 import faulthandler
@@ -24,20 +25,16 @@ import tempfile
 import threading
 import time
 
-from .._call.share import device_reduction, run_share, run_share_reduced
 from .._common import log
-from .._common.selections import take_rows
 from .._devices import select_device
-from .._devices.cpu import limit_threads, thread_pools, thread_share, worker_jax_cores
-from .._graph.function_core import reseed_generators
-from .._graph.precompile import counts_by_variant, precompile
+from .._devices.cpu import limit_threads, thread_share, worker_jax_cores
 from .._wire import shared_memory
 from .._wire.channel import ShmChannel, SocketChannel
-from .._wire.exchange_buffer import ExchangeBuffer, unpack
-from .._wire.pickling import loads_cores
+from .._wire.exchange_buffer import ExchangeBuffer
 from .._wire.protocol import Command, failure, from_wire, ok
 from . import stacks
-from .faults import FAULT_ENV, Faults
+from .fault_injection import FAULT_ENV, Faults
+from .handlers import HANDLERS
 
 _WATCH_S = 0.5  # how often a worker checks that its master is alive
 
@@ -99,128 +96,7 @@ def _import_pytensor():
         pass
 
 
-def _distribute(state, msg):
-    flags, blob = msg.flags, msg.blob
-    t0 = time.monotonic()
-    state._importer.join()
-    import pytensor
-
-    for name, value in flags.items():
-        if str(getattr(pytensor.config, name)) != value:
-            setattr(pytensor.config, name, value)
-    state.device.configure_jax()
-    if msg.jax:  # before loading the functions starts JAX's backend
-        state.device.start_jax_pool()
-    known = state.shareds or []
-    cores, shareds = loads_cores(blob, known)
-    reseed_generators(shareds, cores, state.rank, known)
-    state.device.place_shareds(shareds)
-    state.cores = (state.cores or []) + cores
-    state.shareds = known + shareds
-    logger.debug("worker rank %d: loaded %d functions and %d shared variables in %.2f s", state.rank,
-                 len(cores), len(shareds), time.monotonic() - t0)
-    t0 = time.monotonic()
-    compiled = [i for i in msg.compile_shares.get(state.rank, ()) if precompile(cores[i].plain)]
-    if compiled:
-        logger.debug("worker rank %d: compiled functions %s for the others in %.2f s", state.rank,
-                     compiled, time.monotonic() - t0)
-
-
-def _call(state, msg):
-    # Unpacked in one step, in the record's order: cheaper than seven field reads on every call.
-    function, scattered, bcast, share_sel, subset, num_slices, weighted = msg
-    view = state.cache.view
-    core = state.cores[function]
-    args = ([(view(ref), sel) for ref, sel in scattered], [view(ref) for ref in bcast],
-            share_sel, subset, num_slices)
-    specs = device_reduction(core, state.device, subset, num_slices)
-    if specs is not None:  # reduced into the master on the device: nothing to send
-        weight, had_rows, _ = run_share_reduced(core, state.device, specs, state.master_rank, weighted, *args)
-        return weight, had_rows
-    weight, outputs = run_share(core, state.device, *args)
-    return weight, None if outputs is None else state.exchange.pack(state.device.to_host(outputs))
-
-
-def _map_data(state, msg):
-    state.cache.segment(msg.name)
-
-
-def _drop_data(state, msg):
-    state.drop(msg.name)
-
-
-def _send_shareds(state, msg):
-    return state.exchange.pack([state.device.get_value(state.shared(i)) for i in msg.ids])
-
-
-def _set_shareds(state, msg):
-    for ID, token, rows in msg.values:
-        (value,) = unpack([token], state.cache)
-        state.device.set_value(state.shared(ID), take_rows(value, rows))
-
-
-def _get_shapes(state, msg):
-    return [state.device.shape(state.shared(i)) for i in msg.ids]
-
-
-def _comm_init(state, msg):
-    state.device.init_comm(state.n_parallel, state.rank, msg.uid)
-
-
-_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "gather", "all_gather")
-
-
-def _collective(state, msg):
-    if msg.op not in _COLLECTIVES:
-        raise ValueError("unknown device collective %r" % (msg.op,))
-    return getattr(state.device, msg.op)([state.shared(i) for i in msg.ids], *msg.args)
-
-
-def _host_data(state, msg):
-    """Take this host's copy of a Data segment from the master, over MPI."""
-    name, nbytes, used = msg.name, msg.nbytes, msg.used
-    local = shared_memory.host_copy_name(name, state.cluster.host)
-    slot = shared_memory.slot_of(local)
-    seg = state.host_copies.get(slot)
-    if seg is None or seg.name != local:
-        if seg is not None:
-            state.cache.drop(name)
-            seg.unlink()
-            seg.close()
-        seg = state.host_copies[slot] = shared_memory.Segment(local, nbytes)
-    state.cluster.bcast_to_leaders(seg.array("u1", (used,)))
-
-
-def _sync(state, msg):
-    state.device.synchronize(state.shareds or [])
-
-
-def _thread_pools(state, msg):
-    return thread_pools()
-
-
-def _compile_counts(state, msg):
-    return counts_by_variant(state.cores)
-
-
-_HANDLERS = {
-    Command.SYNC: _sync,
-    Command.COMM_INIT: _comm_init,
-    Command.COLLECTIVE: _collective,
-    Command.DISTRIBUTE: _distribute,
-    Command.CALL: _call,
-    Command.MAP_DATA: _map_data,
-    Command.DROP_DATA: _drop_data,
-    Command.SEND_SHAREDS: _send_shareds,
-    Command.SET_SHAREDS: _set_shareds,
-    Command.GET_SHAPES: _get_shapes,
-    Command.HOST_DATA: _host_data,
-    Command.THREAD_POOLS: _thread_pools,
-    Command.COMPILE_COUNTS: _compile_counts,
-}
-
-
-def _serve(channel, state, faults):
+def serve_commands(channel, state, faults):
     """Answer commands until EXIT; returns None if the master vanished, else
     EXIT's payload (whether the session failed)."""
     while True:
@@ -237,7 +113,7 @@ def _serve(channel, state, faults):
         try:
             if faults:
                 faults.before(Command(cmd))
-            reply = ok(_HANDLERS[cmd](state, payload))
+            reply = ok(HANDLERS[cmd](state, payload))
         except Exception as exc:
             reply = failure(exc)
         try:
@@ -276,15 +152,35 @@ def _watch_connection(channel, done, remove):
     os._exit(1)
 
 
-def _run(config, conn, cluster=None, prepare=None):
+def run_worker(config, conn, cluster=None, prepare=None):
     """Serve the master on ``conn`` until it closes the session; returns EXIT's
     payload (whether the session failed), or None if the master vanished.
     ``prepare()``, if given, sets this process up first (its failure, like any
     at start-up, is sent to the master, which is waiting for this rank)."""
-    rank, token, tmpdir = config["rank"], config["token"], config["tmpdir"]
+    rank = config["rank"]
     log.set_level(config["log_level"])  # the master's, which may differ from SYNKHRONOS_LOG_LEVEL
-    stack_file = stacks.enable(tmpdir, rank)
+    stack_file = stacks.enable(config["tmpdir"], rank)
     faults = Faults(os.environ.get(FAULT_ENV), rank)
+    state, channel = _set_up(config, conn, cluster, prepare)
+    done = threading.Event()
+    if cluster is not None:
+        _start_connection_watchdog(config, cluster, channel, done)
+    profiler = _start_profiler(config)
+    conn.send(ok(os.getpid()))
+    logger.debug("worker rank %d (pid %d) ready", rank, os.getpid())
+    ended = None
+    try:
+        ended = serve_commands(channel, state, faults)
+        done.set()
+    finally:
+        _write_profile(profiler, config)
+        _tear_down(config, cluster, state, channel, ended, stack_file)
+    return ended
+
+
+def _set_up(config, conn, cluster, prepare):
+    """Prepare this process, and make the worker's state and its command channel;
+    returns ``(state, channel)``."""
     try:
         if prepare is not None:
             prepare()
@@ -296,40 +192,59 @@ def _run(config, conn, cluster=None, prepare=None):
     except Exception as exc:  # say why to the master, which is waiting for this rank
         conn.send(failure(exc))
         raise
-    done = threading.Event()
-    if cluster is not None:
-        own = "h%d" % cluster.host if cluster.remote(rank) else "r%d" % rank
-        threading.Thread(target=_watch_connection, daemon=True, name="synkhronos-watchdog",
-                         args=(channel, done, lambda: _remove_session(token, tmpdir, own))).start()
-    profiler = None
-    if config["profile"]:
-        import cProfile
+    return state, channel
 
-        profiler = cProfile.Profile()
-        profiler.enable()
-    conn.send(ok(os.getpid()))
-    logger.debug("worker rank %d (pid %d) ready", rank, os.getpid())
-    ended = None
-    try:
-        ended = _serve(channel, state, faults)
-        done.set()
-    finally:
-        if profiler is not None:
-            profiler.disable()
-            name = "synkhronos_worker_%d_%d.prof" % (rank, os.getpid())
-            path = os.path.join(config["profile_dir"], name)
-            profiler.dump_stats(path)
-            logger.info("Synkhronos worker rank %d profile written to %s", rank, path)
-        state.close()
-        if ended is None and cluster is None:
-            # The master died without closing: nobody else will clean up.
-            _remove_session(token, tmpdir)
-        elif cluster is not None:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-        channel.close()
-        faulthandler.disable()
-        stack_file.close()
-    return ended
+
+def _start_connection_watchdog(config, cluster, channel, done):
+    """Have an MPI rank exit, removing its own segments, once the master's end of
+    ``channel`` closes (see ``_watch_connection``)."""
+    rank, token, tmpdir = config["rank"], config["token"], config["tmpdir"]
+    own = "h%d" % cluster.host if cluster.remote(rank) else "r%d" % rank
+    threading.Thread(target=_watch_connection, daemon=True, name="synkhronos-watchdog",
+                     args=(channel, done, lambda: _remove_session(token, tmpdir, own))).start()
+
+
+def _start_profiler(config):
+    """A running ``cProfile.Profile`` if the master asked for profiles, else None."""
+    if not config["profile"]:
+        return None
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def _write_profile(profiler, config):
+    """Stop ``profiler`` (if any) and write its statistics to the profile directory."""
+    if profiler is None:
+        return
+    profiler.disable()
+    rank = config["rank"]
+    name = "synkhronos_worker_%d_%d.prof" % (rank, os.getpid())
+    path = os.path.join(config["profile_dir"], name)
+    profiler.dump_stats(path)
+    logger.info("Synkhronos worker rank %d profile written to %s", rank, path)
+
+
+def _tear_down(config, cluster, state, channel, ended, stack_file):
+    """Release the worker's state and channel, and remove what nobody else will;
+    ``ended``: what ``serve_commands`` returned (None if the master vanished)."""
+    state.close()
+    _remove_leftovers(config["token"], config["tmpdir"], cluster, ended)
+    channel.close()
+    faulthandler.disable()
+    stack_file.close()
+
+
+def _remove_leftovers(token, tmpdir, cluster, ended):
+    """Remove what the master will not: an MPI rank's temporary directory (its
+    own), or, for a spawned worker whose master died, the whole session's."""
+    if cluster is not None:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    elif ended is None:
+        # The master died without closing: nobody else will clean up.
+        _remove_session(token, tmpdir)
 
 
 def _exit_now(code=0):
@@ -351,7 +266,7 @@ def main():
     config = json.loads(os.environ.pop("SYNK_WORKER"))
     threading.Thread(target=_watch_master, args=(os.getppid(), config["token"], config["tmpdir"]),
                      daemon=True, name="synkhronos-watchdog").start()
-    _run(config, Connection(config["fd"]))
+    run_worker(config, Connection(config["fd"]))
     _exit_now()
 
 
@@ -394,7 +309,7 @@ def mpi_main(cluster):
             prepare = functools.partial(_use_node_gpu, config["precision"], cluster)
         else:
             prepare = functools.partial(_share_node_threads, config["threads"], cluster, config["n_parallel"])
-        ended = _run(config, conn, cluster, prepare)
+        ended = run_worker(config, conn, cluster, prepare)
         failed = ended is None or ended
     if not failed:
         mpi.finalize()  # MPI's finalize waits for the master's, at its exit

@@ -7,11 +7,11 @@
 each message through shared memory instead: one ring of slots per direction,
 counted by two POSIX semaphores (messages waiting, slots free).  Posting and
 taking a semaphore stay in user space unless a process has to sleep, so a round
-trip makes no system call while both sides are awake: 12-13 us against 70 us
-over a socket pair on a 2-core VM, each with a small pickled message.  The
-socket stays, for what the kernel tells through it: a peer that died has hung
-up.  A message too large for a slot goes on the socket, announced in its slot
-so that the order holds.
+trip makes no system call while both sides are awake, and a small message's
+round trip is several times shorter than over a socket pair (see the docs page
+"Benchmarks", *Design decisions*).  The socket stays, for what the kernel tells
+through it: a peer that died has hung up.  A message too large for a slot goes
+on the socket, announced in its slot so that the order holds.
 
 Both poll for ``spin`` seconds before they sleep: a process woken from sleep
 runs its first microseconds slowly, so a short poll makes back-to-back calls
@@ -51,7 +51,7 @@ class SocketChannel:
     def __init__(self, conn, spin):
         self.conn = conn
         self.spin = spin
-        # select.poll, made once: a poll costs ~0.6 us, Connection.poll ~5 us.
+        # select.poll, made once: each poll is far cheaper than Connection.poll's.
         self._poll = select.poll()
         self._poll.register(conn.fileno(), select.POLLIN)
         self._hup = None

@@ -12,9 +12,10 @@ depend on the arrays' sizes, so any code path that would lay out twice fails in
 every test that takes it, not only in those whose arrays are large enough to
 leave the command channel.
 
-An array sent inline travels as ``(dtype str, shape, bytes)``: pickling that takes
-about 1 us, where numpy's own pickling of a 0-d float32 array and back took 9 us,
-on the critical path of every call whose outputs go through the host.
+An array sent inline travels as ``(dtype str, shape, bytes)``, which pickles far
+faster than numpy's own pickling of a small array: it is on the critical path of
+every call whose outputs go through the host (see the docs page "Benchmarks",
+*Design decisions*).
 """
 
 import numpy as np

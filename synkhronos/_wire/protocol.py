@@ -128,8 +128,8 @@ _RECORD_OF = {int(cmd): record for cmd, record in PAYLOADS.items()}
 def wire(record, drops=()):
     """What travels to a worker for ``record`` (a payload record):
     ``(command number, its fields as a plain tuple, names of Data segments to
-    drop first)``.  A plain tuple pickles in ~60% of the time a named one takes
-    (a few microseconds per message, which every call pays)."""
+    drop first)``.  A plain tuple pickles faster than a named one, and every
+    call pays for its message's pickling."""
     return _NUMBER_OF[type(record)], tuple(record), drops
 
 

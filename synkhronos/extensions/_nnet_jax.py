@@ -35,62 +35,72 @@ def register(Conv2d, Conv2dGradInput, Conv2dGradWeight, Pool2d, Pool2dGrad):
     import jax.numpy as jnp
     from pytensor.link.jax.dispatch import jax_funcify
 
-    def conv(op):
-        (sh, sw), (ph, pw), (dh, dw) = op.stride, op.padding, op.dilation
-
-        def nchw(x, w):
-            return jax.lax.conv_general_dilated(
-                x, w, window_strides=(sh, sw), padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
-                dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=op.groups)
-
-        def nhwc(x, w):
-            y = jax.lax.conv_general_dilated(
-                x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0), window_strides=(sh, sw),
-                padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
-                dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=op.groups)
-            return y.transpose(0, 3, 1, 2)
-
-        return nhwc if jax_conv_layout() == "NHWC" else nchw
-
-    def pool(op):
-        (kh, kw), (sh, sw), (ph, pw) = op.ws, op.stride, op.padding
-        pads = ((0, 0), (0, 0), (ph, ph), (pw, pw))
-
-        def f(x):
-            # Literal identities select JAX's differentiable max/sum window reductions.
-            if op.mode == "max":
-                return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, kh, kw), (1, 1, sh, sw), pads)
-            acc = _accumulator(x)
-            total = jax.lax.reduce_window(acc, 0.0, jax.lax.add, (1, 1, kh, kw), (1, 1, sh, sw), pads)
-            return (total / (kh * kw)).astype(x.dtype)
-        return f
-
     @jax_funcify.register(Conv2d)
     def _jax_conv2d(op, **kwargs):
-        return conv(op)
+        return _conv_function(op)
 
     # A cotangent may come in another dtype than the forward output (say float64
     # from a float64 loss over float32 features); JAX's vjp needs the output's.
     @jax_funcify.register(Conv2dGradInput)
     def _jax_conv2d_grad_input(op, **kwargs):
-        fwd = conv(op)
+        fwd = _conv_function(op)
         return lambda x, w, gy: jax.vjp(lambda xx: fwd(xx, w), x)[1](gy.astype(jnp.result_type(x, w)))[0]
 
     @jax_funcify.register(Conv2dGradWeight)
     def _jax_conv2d_grad_weight(op, **kwargs):
-        fwd = conv(op)
+        fwd = _conv_function(op)
         return lambda x, w, gy: jax.vjp(lambda ww: fwd(x, ww), w)[1](gy.astype(jnp.result_type(x, w)))[0]
 
     @jax_funcify.register(Pool2d)
     def _jax_pool2d(op, **kwargs):
-        return pool(op)
+        return _pool_function(op)
 
     @jax_funcify.register(Pool2dGrad)
     def _jax_pool2d_grad(op, **kwargs):
         if op.mode == "max":
             return functools.partial(_max_pool_grad, op)
-        fwd = pool(op)
+        fwd = _pool_function(op)
         return lambda x, gy: jax.vjp(fwd, x)[1](gy.astype(x.dtype))[0]
+
+
+def _conv_function(op):
+    """JAX's ``(x, w) -> y`` for convolution ``op``, in the layout that
+    ``jax_conv_layout`` names."""
+    import jax
+
+    (sh, sw), (ph, pw), (dh, dw) = op.stride, op.padding, op.dilation
+
+    def nchw(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, window_strides=(sh, sw), padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
+            dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=op.groups)
+
+    def nhwc(x, w):
+        y = jax.lax.conv_general_dilated(
+            x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0), window_strides=(sh, sw),
+            padding=((ph, ph), (pw, pw)), rhs_dilation=(dh, dw),
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=op.groups)
+        return y.transpose(0, 3, 1, 2)
+
+    return nhwc if jax_conv_layout() == "NHWC" else nchw
+
+
+def _pool_function(op):
+    """JAX's ``x -> y`` for pooling ``op`` (max or average)."""
+    import jax
+    import jax.numpy as jnp
+
+    (kh, kw), (sh, sw), (ph, pw) = op.ws, op.stride, op.padding
+    pads = ((0, 0), (0, 0), (ph, ph), (pw, pw))
+
+    def f(x):
+        # Literal identities select JAX's differentiable max/sum window reductions.
+        if op.mode == "max":
+            return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, kh, kw), (1, 1, sh, sw), pads)
+        acc = _accumulator(x)
+        total = jax.lax.reduce_window(acc, 0.0, jax.lax.add, (1, 1, kh, kw), (1, 1, sh, sw), pads)
+        return (total / (kh * kw)).astype(x.dtype)
+    return f
 
 
 def _max_pool_grad(op, x, gy):

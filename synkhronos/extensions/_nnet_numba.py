@@ -3,7 +3,7 @@
 Plain scalar loops (im2col, col2im, pooling windows) around BLAS products: Numba
 compiles them in seconds, where the sliced numpy formulation of ``_nnet_kernels``
 takes minutes to compile.  Same layouts and arguments as ``_nnet_kernels``;
-``tests/test_nnet.py`` checks both against each other.
+``tests/processes/test_nnet.py`` checks both against each other.
 """
 
 import numpy as np

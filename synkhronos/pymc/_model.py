@@ -50,9 +50,9 @@ def data_parallel(model, observed=None, rows=None, batch=None):
         one pass over the rows (each parameter with a leading axis of points),
         or one after another.  None (default): in one pass where the ranks
         compile the terms with JAX (GPU ranks, and CPU ranks unless PyTensor's
-        mode is set), where it measured faster per point; one after another
-        with PyTensor's other linkers, where it measured slower (see the docs
-        page "PyMC").  Graphs that PyTensor cannot batch are evaluated one
+        mode is set), where it is faster per point; one after another with
+        PyTensor's other linkers, where it is slower (see the docs page "PyMC
+        models").  Graphs that PyTensor cannot batch are evaluated one
         point at a time either way.
 
     Returns

@@ -85,34 +85,56 @@ def row_count(model, observed):
 def find_terms(model, observed, rows):
     """The ``RowTerms`` of ``model``'s observed variables ``observed`` over
     ``rows`` rows."""
-    from pytensor.compile.sharedvalue import SharedVariable
-    from pytensor.graph.basic import Constant
-
-    values = model.rvs_to_values
     # The free variables as plain inputs while PyMC derives each log-density:
     # its rewrites of measurable variables (Censored, say) clone the random
     # variables they meet, which would then no longer be the model's.
     holders = {rv: rv.type(name=rv.name) for rv in model.free_RVs}
+    logps, stands, stand_values = _row_logps(model, observed, rows, holders)
+    params, data, row_vars, row_values = _inputs_by_role(model, observed, rows, holders, logps, stands)
+    return RowTerms(list(observed), params, [holders[p] for p in params], data,
+                    stands + row_vars, stand_values + row_values, logps)
+
+
+def _row_logps(model, observed, rows, holders):
+    """Each of ``observed``'s per-row log-densities, its free variables replaced
+    by ``holders``, and the inputs that stand for the observed values, with
+    those values: ``(logps, stands, stand_values)``."""
     logps, stands, stand_values = [], [], []
     for rv in observed:
         if rv in model.potentials:
             (lp,) = _replaced([per_row(rv)], holders)
         else:
-            value = values[rv]
-            if _leading(value) != rows:
-                raise ValueError("observed variable %r has %s rows, not %d like the others: it cannot be "
-                                 "split with them (leave it out of observed=)"
-                                 % (rv.name, _leading(value), rows))
-            stand = _row_input(value, rv.name)
+            stand, stand_value = _stand_in(model.rvs_to_values[rv], rv.name, rows)
             stands.append(stand)
-            stand_values.append(np.ascontiguousarray(_value_of(value)))
+            stand_values.append(stand_value)
             lp = _observed_logp(_replaced([rv], holders)[0], stand, rv.name)
         _check_no_draws(lp, rv)
         logps.append(_free_of_row_count(select_rows_in_data(lp, rows), rows))
-    params, data, row_vars = [], [], list(stands)
-    row_values = list(stand_values)
+    return logps, stands, stand_values
+
+
+def _stand_in(value, name, rows):
+    """An input of any number of rows that stands for observed value ``value``
+    (of variable ``name``), and the value itself, contiguous."""
+    if _leading(value) != rows:
+        raise ValueError("observed variable %r has %s rows, not %d like the others: it cannot be "
+                         "split with them (leave it out of observed=)"
+                         % (name, _leading(value), rows))
+    stand = _row_input(value, name)
+    return stand, np.ascontiguousarray(_value_of(value))
+
+
+def _inputs_by_role(model, observed, rows, holders, logps, stands):
+    """The graph inputs of ``logps`` by role: ``(params, data, row_vars,
+    row_values)``, the free variables (in the model's order) whose ``holders``
+    they read, the shared variables without ``rows`` rows, and the shared
+    variables and constants with ``rows`` rows (``stands`` aside) with their
+    values."""
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
     from pytensor.graph.traversal import ancestors
 
+    params, data, row_vars, row_values = [], [], [], []
     of_holder = {h: rv for rv, h in holders.items()}
     for v in (v for v in ancestors(logps) if v.owner is None):
         if v in of_holder:
@@ -134,7 +156,7 @@ def find_terms(model, observed, rows):
                              "of the model nor data" % (", ".join(repr(rv.name) for rv in observed), v))
     order = {v: i for i, v in enumerate(model.free_RVs)}
     params.sort(key=order.__getitem__)
-    return RowTerms(list(observed), params, [holders[p] for p in params], data, row_vars, row_values, logps)
+    return params, data, row_vars, row_values
 
 
 def _observed_logp(held, stand, name):

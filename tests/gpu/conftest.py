@@ -1,21 +1,19 @@
 """GPU tests: marked ``gpu`` and skipped unless JAX, CuPy and two GPUs are there
 (one GPU for modules marked ``pytest.mark.gpus(1)``).
 
-They reuse the CPU suites' tests with GPU ranks, with ``floatX=float32`` (a GPU
+They reuse the CPU suites' tests (``tests/processes``, importable by module name:
+``pythonpath`` in pyproject.toml) with GPU ranks, with ``floatX=float32`` (a GPU
 user's usual choice; ``fork()`` leaves floatX as set).  ``fork()``'s default
 precision computes float32 matrix products in full float32, so results compare
 with PyTensor on the CPU at float32 tolerances.
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pytensor
+import pytest
 
-import pytensor  # noqa: E402
-import pytest  # noqa: E402
-
-from synkhronos._devices.gpu import gpu_stack_available, visible_gpus  # noqa: E402
+from synkhronos._devices.gpu import gpu_stack_available, visible_gpus
 
 _STACK = gpu_stack_available()
 _GPUS = len(visible_gpus()) if _STACK else 0

@@ -1,5 +1,5 @@
 """``fork(precision="bf16")`` on GPU ranks: XLA's bfloat16 products and convolutions give
-the numbers of the numpy emulation (tests/test_mixed.py) within one bfloat16 step, and
+the numbers of the numpy emulation (tests/processes/test_mixed.py) within one bfloat16 step, and
 really differ from float32."""
 
 import numpy as np

@@ -18,7 +18,7 @@ _NCCL_TYPES = {}  # dtype, as given -> NCCL data type, filled on use
 
 def _nccl_dtype(nccl, dtype):
     """NCCL's data type for ``dtype`` (a name or numpy dtype).  Cached as given:
-    ``np.dtype(dtype).name`` alone took ~3 us, twice per variable and call."""
+    ``np.dtype(dtype).name`` alone costs microseconds, twice per variable and call."""
     try:
         return _NCCL_TYPES[dtype]
     except KeyError:
@@ -89,11 +89,12 @@ class CollectivesMixin:
 
         The imports into JAX come after every other CUDA call of the collective.
         JAX's import of a buffer that the NCCL stream is still writing makes this
-        process's next CUDA call wait about as long as that write (measured on
-        H200s: ~175 us at 64 MB).  Imported between the variables of a call, it
-        made their NCCL kernels run one at a time, with the host's latency
-        between them; imported last, the wait falls on the next collective's
-        first NCCL launch, when the GPU has finished this one anyway."""
+        process's next CUDA call wait about as long as that write.  Imported
+        between the variables of a call, it would make their NCCL kernels run
+        one at a time, with the host's latency between them; imported last, the
+        wait falls on the next collective's first NCCL launch, when the GPU has
+        finished this one anyway (see the docs page "Benchmarks", *Design
+        decisions*)."""
         self._outputs(outputs, self._retire(*keep))
 
     @staticmethod
@@ -114,14 +115,15 @@ class CollectivesMixin:
         """NCCL's reduce operation for ``op``.  ``avg`` is NCCL's own (NCCL 2.10
         and later; CuPy may not name it): the sum scaled by 1/n inside the
         collective's kernel, with integer division for integers (truncated,
-        as the shared-memory path truncates).  A separate scaling kernel took
-        82 us at 64 MB on an H200, a third as long as the all-reduce itself.
+        as the shared-memory path truncates), which saves a separate scaling
+        kernel over the whole result.
 
         A communicator of one rank sums instead (the average of one value is
         that value): NCCL before 2.29.7 runs one-rank averages through a kernel
-        that leaves the last elements of the result unwritten (NVIDIA/nccl#1950;
-        seen with CuPy's NCCL 2.28.9 on an H100, in 7 of 40 float32 all-reduces
-        of random lengths), and sums of one rank are a plain copy."""
+        that leaves the last elements of the result unwritten (NVIDIA/nccl#1950,
+        CuPy's NCCL 2.28.9 among them), and sums of one rank are a plain copy.
+        The figures behind both choices: the docs page "Benchmarks", *Design
+        decisions*."""
         if self._ops is None:
             from cupy.cuda import nccl
 

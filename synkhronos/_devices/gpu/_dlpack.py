@@ -14,10 +14,11 @@ __all__ = ["untimed_event", "jax_importer", "cupy_exporter"]
 
 
 def untimed_event(stream=None):
-    """An event recorded on ``stream`` (the current one if None), without timing:
-    CuPy's default event records a timestamp, and between two back-to-back NCCL
-    kernels that left the GPU idle about 3 us per call on H200s (0.1 us
-    without), over 1% of a 64 MB all-reduce."""
+    """An event recorded on ``stream`` (the current one if None), without timing.
+
+    CuPy's default event records a timestamp, which leaves the GPU idle between
+    back-to-back NCCL kernels (see the docs page "Benchmarks", *Design
+    decisions*)."""
     import cupy
 
     event = cupy.cuda.Event(disable_timing=True)
@@ -30,9 +31,9 @@ def jax_importer():
     optionally an event recorded on that stream after their writes, to JAX
     arrays on the same memory, ordered after that stream's work.
 
-    ``jax.dlpack.from_dlpack`` does this, but spends most of its ~45 us in Python
+    ``jax.dlpack.from_dlpack`` does this, but spends most of its time in Python
     (device lookup, then an ``asarray`` that changes nothing for a canonical
-    dtype); a queued collective has that little time per call.  So the same steps
+    dtype), which every queued collective would pay.  So the same steps
     are taken here once and JAX's DLPack import is called directly, with the
     stream hand-off done here (see ``fast``).  That import is JAX-internal: if
     it is missing, has another signature, or gives a wrong result on a probe
@@ -61,8 +62,7 @@ def jax_importer():
             # far, with an untimed event (``untimed_event``; ``after`` if the
             # caller has just recorded one there), and CuPy is asked for no
             # hand-off of its own (-1): its own records a timed event per
-            # array.  (On 2 H200s the 64 MB all-reduce benchmark could not
-            # tell the two apart: 0.263-0.265 ms against 0.263-0.264 ms.)
+            # array (see ``untimed_event``).
             ready.wait_event(untimed_event() if after is None else after)
             return [_jax.dlpack_managed_tensor_to_buffer(b.__dlpack__(stream=-1), device, stream,
                                                          None, *extra)
@@ -84,9 +84,9 @@ def cupy_exporter(stream):
     after XLA's writes to it on ``stream``.
 
     ``cupy.from_dlpack(array)`` does this, but JAX's ``__dlpack__`` first looks up
-    in Python the device it was asked for (8.6 us per call against 5.5 us this
-    way, on an H200).  JAX's DLPack export is called directly instead and its
-    capsule handed to CuPy.  That export is JAX-internal: if it is missing or
+    in Python the device it was asked for, on every call (see the docs page
+    "Benchmarks", *Design decisions*).  JAX's DLPack export is called directly
+    instead and its capsule handed to CuPy.  That export is JAX-internal: if it is missing or
     gives a wrong result on a probe array, the public route is used."""
     import cupy
 

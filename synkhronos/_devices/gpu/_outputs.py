@@ -15,9 +15,9 @@ class OutputsMixin:
     @property
     def reduces_outputs(self):
         """Whether function outputs of static shape are reduced into the master
-        over NCCL: then no rank waits to copy its outputs to the host (on 2 H200s
-        this halved what a tiny call adds to the plain JAX-mode call).  Not on
-        one rank, where there is nothing to reduce."""
+        over NCCL: then no rank waits to copy its outputs to the host, which
+        makes a tiny call much cheaper (see the docs page "Benchmarks", *Design
+        decisions*).  Not on one rank, where there is nothing to reduce."""
         return bool(self.n_parallel and self.n_parallel > 1)
 
     # ------------------------------------------------------ function outputs

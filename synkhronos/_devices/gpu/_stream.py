@@ -10,9 +10,8 @@ from ._dlpack import cupy_exporter, jax_importer, untimed_event
 __all__ = ["StreamMixin"]
 
 # Bytes of inputs of queued collectives the host may hold before it waits for
-# the GPU.  Fewer calls queued ran faster: on 2 H200s, 64 MB all-reduces ran at
-# 0.93-0.94x raw NCCL with 2 GB (32 calls queued), 0.97 with 256 MB and 0.98
-# with 128 MB (two runs each, in one session); at 1 GB the limits did not differ.
+# the GPU.  Large all-reduces ran closer to raw NCCL with fewer calls queued
+# (see the docs page "Benchmarks", *Design decisions*).
 _INFLIGHT_BYTES = 128 << 20
 
 

@@ -69,15 +69,14 @@ class ValuesMixin:
         JAX arrays are copied through CuPy on a stream of their own: a CuPy view
         of each, ordered after XLA's writes to it (see ``cupy_exporter``), one
         wait for that stream, then a synchronous copy.  JAX's own route
-        (``np.asarray``) took 145 us for a float32 scalar on an H100 after the
-        computation was done, this one 24 us (view 9 us, copy 15 us);
-        ``copy_to_host_async`` first saved only 17 us of the 145 and cost 48 us
-        of host time itself.  The stream is not the NCCL stream, so the copy waits
-        for what wrote these values only, not for every queued collective.  The
-        wait goes through ``_wait_for``: in the master a worker's death is
-        noticed even if a value waits on a collective the dead worker will never
-        join.  Values JAX did not make on this GPU, and dtypes CuPy lacks
-        (bfloat16), take JAX's route.
+        (``np.asarray``, with or without ``copy_to_host_async`` first) takes
+        several times as long for a small value, which every call with outputs
+        would pay (see the docs page "Benchmarks", *Design decisions*).  The
+        stream is not the NCCL stream, so the copy waits for what wrote these
+        values only, not for every queued collective.  The wait goes through
+        ``_wait_for``: in the master a worker's death is noticed even if a value
+        waits on a collective the dead worker will never join.  Values JAX did
+        not make on this GPU, and dtypes CuPy lacks (bfloat16), take JAX's route.
         """
         import jax
 

@@ -187,8 +187,8 @@ def test_benchmark_runs_at_its_smallest_and_writes_json_and_png(tmp_path):
     import subprocess
     import sys
 
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                          "pymc_likelihood.py")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "benchmarks", "pymc_likelihood.py")
     out = tmp_path / "b.json"
     proc = subprocess.run([sys.executable, script, "--models", "logistic", "--rows", "3000", "--ranks", "1,2",
                            "--evals", "3", "--sample", "--sample-rows", "500", "--tune", "30",

@@ -65,3 +65,19 @@ def test_a_later_function_leaves_the_random_streams_as_they_were():
     np.testing.assert_array_equal(first_l, first)
     np.testing.assert_array_equal(second_l, second)  # not reseeded when distributed again
     assert not np.array_equal(second[0], second[1])  # ranks draw their own numbers
+
+
+def test_spawned_workers_find_the_package_the_master_runs():
+    """Workers start in a fresh interpreter with the master's ``sys.path`` behind
+    the directory that holds the package: that directory, not the package's own
+    (which would make ``synkhronos/pymc`` shadow PyMC there)."""
+    import pathlib
+    import types
+
+    from synkhronos._session.launch import _shared_worker_settings
+
+    device = types.SimpleNamespace(name="cpu")
+    rt = types.SimpleNamespace(token="t", n_parallel=2, master_rank=0, device=device,
+                               profile_workers=False, spin=0.0)
+    config, _ = _shared_worker_settings(rt, None)
+    assert pathlib.Path(config["sys_path"][0]) == pathlib.Path(synk.__file__).resolve().parent.parent

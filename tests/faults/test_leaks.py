@@ -22,7 +22,7 @@ from _procs import Leftovers, our_segments, our_tmpdirs, worker_children  # noqa
 
 import synkhronos as synk  # noqa: E402
 from synkhronos._session import runtime  # noqa: E402
-from synkhronos._session.faults import FAULT_ENV  # noqa: E402
+from synkhronos._session.fault_injection import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 ENDINGS = ["close", "kill", "ctrl_c", "stall", "crash", "raise"]

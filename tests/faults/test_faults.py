@@ -26,7 +26,7 @@ from _procs import Leftovers, distribute_unhurried, our_segments, our_tmpdirs  #
 
 import synkhronos as synk  # noqa: E402
 from synkhronos._session import runtime  # noqa: E402
-from synkhronos._session.faults import FAULT_ENV  # noqa: E402
+from synkhronos._session.fault_injection import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 HANG_GUARD_S = 30  # fork(timeout=...) in these tests: a real hang becomes a StallError
@@ -181,7 +181,7 @@ def test_worker_crash_reports_its_stack(fresh, monkeypatch):
     assert err.exc_type == "WorkerDied" and err.rank == 1
     assert "exit code -%d" % signal.SIGSEGV in str(err)
     assert "Segmentation fault" in err.worker_traceback
-    assert "_serve" in err.worker_traceback  # where it was
+    assert "serve_commands" in err.worker_traceback  # where it was
     left.assert_gone()
     _fresh_session_works()
 
@@ -259,7 +259,7 @@ def test_stall_inside(fresh, monkeypatch, point):
     assert err.ranks == [1] and err.rank == 1
     name = point.split("/")[0]
     assert err.command == LABELS.get(name, name)
-    assert "in before" in err.stacks[1] and "in _serve" in err.stacks[1]  # the failpoint, in the loop
+    assert "in before" in err.stacks[1] and "in serve_commands" in err.stacks[1]  # the failpoint, in the loop
     assert "did not answer %s within 1 s" % err.command in str(err)
     left.assert_gone()
     _fresh_session_works()

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks")
 if BENCH not in sys.path:
     sys.path.append(BENCH)  # the scripts import _common and _plots as top-level modules

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEMO = Path(__file__).resolve().parent.parent / "demos" / "resnet" / "train_resnet.py"
+DEMO = Path(__file__).resolve().parents[2] / "demos" / "resnet" / "train_resnet.py"
 
 
 def test_tiny_resnet_on_cpu_workers(tmp_path):

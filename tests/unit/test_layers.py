@@ -1,9 +1,12 @@
 """The package's shape, kept by machine: the layers and the absence of import
-cycles (import-linter, with the contracts in pyproject.toml), no private import
-in the demos, the docs' examples or the extensions, and modules and functions
-short enough to read."""
+cycles (import-linter, with the contracts in pyproject.toml), a tree that shows
+them (few modules at the top, a layers contract for every package, the
+contributing page's map generated from the contracts), no private import in the
+demos, the docs' examples or the extensions, and modules and functions short
+enough to read."""
 
 import ast
+import importlib.util
 import pathlib
 import re
 import subprocess
@@ -11,7 +14,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "synkhronos"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60  # code lines, docstring excluded
@@ -78,3 +81,34 @@ def test_modules_and_functions_stay_short():
                                                                _code_lines(fn)))
     too_long = long_modules + long_functions
     assert not too_long, "split these:\n" + "\n".join(too_long)
+
+
+MAX_TOP_MODULES = 14  # the public modules and the few that implement them
+
+
+def _layer_map_tool():
+    spec = importlib.util.spec_from_file_location("layer_map", ROOT / "tools" / "layer_map.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tree_shows_the_layers():
+    """Few modules directly in the package, and every package in it (each
+    subpackage, and the package itself) has an exhaustive layers contract."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, "modules directly in synkhronos/: %s" % top
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    contracts = _layer_map_tool().contracts()
+    covered = {c["containers"][0] for c in contracts if c.get("exhaustive")}
+    assert packages <= covered, "packages without an exhaustive layers contract: %s" % (
+        sorted(packages - covered))
+
+
+def test_the_contributing_map_is_the_one_the_contracts_give():
+    """docs/contributing.md's map is generated from pyproject.toml's contracts
+    and the modules' docstrings: after changing either, run
+    ``python tools/layer_map.py --write``."""
+    tool = _layer_map_tool()
+    page = tool.PAGE.read_text()
+    assert tool.page_with_map(page) == page, "the map is stale: run python tools/layer_map.py --write"

@@ -64,7 +64,7 @@ def report():
     flags = ",".join(f for f in os.environ.get("PYTENSOR_FLAGS", "").split(",")
                      if f and not f.startswith("mode="))
     env = dict(os.environ, PYTENSOR_FLAGS=flags)
-    script = _SCRIPT % os.path.dirname(os.path.abspath(__file__))
+    script = _SCRIPT % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: _sleepy
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
                           env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

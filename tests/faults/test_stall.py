@@ -19,7 +19,7 @@ from _sleepy import sleepy  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos._session import runtime  # noqa: E402
-from synkhronos._session.faults import FAULT_ENV  # noqa: E402
+from synkhronos._session.fault_injection import FAULT_ENV  # noqa: E402
 from synkhronos._wire.protocol import GetShapes  # noqa: E402
 
 F32 = "float32"
@@ -65,7 +65,7 @@ def test_sleeping_user_op_is_reported_with_its_stack(fresh):
     for r in (1, 2):
         stack = err.stacks[r]
         assert "_sleepy.py" in stack and "in perform" in stack, stack  # where it is stuck
-        assert "in _call" in stack  # ... inside the worker's call handler
+        assert "in _on_call" in stack  # ... inside the worker's call handler
         assert "_watch_master" not in stack  # the worker's own watchdog is left out
         assert stack.strip() in str(err)
     assert "ranks 1, 2 did not answer call of function 'slow_sum' within 2 s" in str(err)

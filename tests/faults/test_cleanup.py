@@ -27,7 +27,7 @@ from _procs import segments as _segments  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos._session import runtime  # noqa: E402
-from synkhronos._session.faults import FAULT_ENV  # noqa: E402
+from synkhronos._session.fault_injection import FAULT_ENV  # noqa: E402
 
 F32 = "float32"
 START_S = 120.0  # for a script to get its session going (noisy, shared machine)

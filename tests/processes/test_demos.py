@@ -9,7 +9,7 @@ import pytest
 
 from synkhronos._devices.gpu import gpu_stack_available, visible_gpus
 
-DEMOS = Path(__file__).resolve().parent.parent / "demos"
+DEMOS = Path(__file__).resolve().parents[2] / "demos"
 TIMEOUT = 300  # seconds; a demo takes a few seconds with mode=FAST_COMPILE
 
 

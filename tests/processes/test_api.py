@@ -55,7 +55,7 @@ def test_compat_module_names():
 
 
 def test_status_lines_lifecycle_and_refork(caplog):
-    caplog.set_level("INFO", logger="synkhronos")  # status lines are log records (tests/test_logging.py)
+    caplog.set_level("INFO", logger="synkhronos")  # status lines are log records (test_logging.py)
     with pytest.warns(UserWarning, match=r"max_n_var and max_dim do nothing") as said:
         assert synk.fork(2, use_gpu=False, max_n_var=10, max_dim=4) == 2
     assert said[0].filename == __file__, "the warning points at the caller's line"

@@ -113,3 +113,23 @@ def test_a_function_numba_cannot_compile_fails_where_it_is_called():
     assert g(x_dat) == 15
     with pytest.raises(Exception, match="text"):
         f(x_dat)
+
+
+def test_the_first_call_compiles_the_variant_every_rank_runs():
+    """More slices than a rank has rows: each rank runs its share whole, and the
+    master's first-call step (which compiles the variant ahead of the workers)
+    names that same variant, by the one rule (``share_rows`` and
+    ``variant_key``); with rows enough the sliced variant is the one named."""
+    x = pt.vector("x")
+    s = pytensor.shared(np.float64(0.0), name="s")
+    synk.close()  # the test before leaves its session to the module's fixture
+    synk.fork(2, use_gpu=False)
+    f = synk.function([x], (x.sum(), "sum"), updates=[(s, s + x.sum())])
+    synk.distribute()
+    core = f._core
+    whole = ((0,), False, None)
+    assert f(synk.data(np.arange(2.0)), num_slices=4) == 1.0  # one row per rank
+    assert f._ran == {whole} and set(core.compiled_variants()) == {whole}
+    assert f(synk.data(np.arange(8.0)), num_slices=4) == 28.0  # four rows per rank
+    assert f._ran == {whole, ((0,), True, None)}
+    synk.close()

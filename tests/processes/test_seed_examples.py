@@ -10,8 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-# The manual's introductory example is also the docs' (tests/test_docs.py runs it too).
-INTRO = (Path(__file__).resolve().parent.parent / "docs" / "examples" / "intro.py").read_text()
+# The manual's introductory example is also the docs' (tests/processes/test_docs.py runs it too).
+INTRO = (Path(__file__).resolve().parents[2] / "docs" / "examples" / "intro.py").read_text()
 
 SHARED = """
 import numpy as np
@@ -66,7 +66,7 @@ def run(script, tmp_path, flags="mode=FAST_COMPILE", stderr=False):
 def test_introductory_example(tmp_path):
     # PyTensor's default (Numba) linker: workers re-link the pickled functions.
     out, err = run(INTRO, tmp_path, flags=None, stderr=True)
-    # Status lines are log records, on stderr (tests/test_logging.py).
+    # Status lines are log records, on stderr (tests/processes/test_logging.py).
     assert "Synkhronos attempting to use 2 of 2 detected CPU cores..." in err or "detected CPU" in err
     assert "...distribution complete (" in err
     assert out.strip().endswith("All assertions passed.")

@@ -3,10 +3,10 @@ state of a session (before fork(), before distribute(), distributed, closed).
 
 Every malformed call must end in the exception type its case names, with a
 message that names the argument and the value; every sound call (some with NaN
-or Inf data) must give numpy's result, through a model of every rank's shared
-values.  No call may hang (the session's stall timeout turns a hang into a
-StallError) or kill a worker.  ``--fuzz-n`` sets how many malformed calls are made
-(default 2000), ``--fuzz-seed`` the seed.
+or Inf data) must give numpy's result, through the tests' numpy oracle of every
+rank's shared values (``_model.Reference``).  No call may hang (the session's
+stall timeout turns a hang into a StallError) or kill a worker.  ``--fuzz-n``
+sets how many malformed calls are made (default 2000), ``--fuzz-seed`` the seed.
 """
 
 import os
@@ -20,7 +20,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from _fuzz import F32, N_ROWS, Fuzzer, Model, Raises, build_functions, forked_cases, unforked_cases  # noqa: E402
+from _fuzz import F32, N_ROWS, Fuzzer, Raises, build_functions, forked_cases, unforked_cases  # noqa: E402
+from _model import Reference  # noqa: E402
 from _procs import Leftovers, proc_exists  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
@@ -59,7 +60,8 @@ class _Env:
         self.dnomem = synk.data(dtype=F32, ndim=2)
         self.dnomem1 = synk.data(dtype=F32, ndim=1)
         self.scratch = synk.data(np.zeros((4, 3), dtype=F32))
-        self.model = Model(self.n, v.shareds)
+        # The oracle: every rank's value of every shared variable (rank 0 is the master).
+        self.ref = Reference(self.n, 0, v.shareds, [var.get_value() for var in v.shareds])
         self.rng = rng
 
     def resync(self):
@@ -70,7 +72,7 @@ class _Env:
             if var.ndim == 2:
                 value = np.arange(30, dtype=var.dtype).reshape(10, 3)
             synk.broadcast(var, value)
-            self.model.set_all(var, value)
+            self.ref.broadcast([self.ref.k(var)], [value])
 
 
 def _run(case, tally, failures):
@@ -163,7 +165,7 @@ def test_fuzz_public_api(request):
                 print("DEBUG", case, failures[-1][1:], file=sys.stderr)
                 for var in v.shareds:
                     actual = [synk.get_value(r, var) for r in range(N_RANKS)]
-                    print(var, "model", env.model.get(var), "actual", actual, file=sys.stderr)
+                    print(var, "reference", env.ref.of(var), "actual", actual, file=sys.stderr)
                 print(fuzzer.trail[-5:], file=sys.stderr)
             if not ok or isinstance(exc, synk.WorkerError):
                 env.resync()

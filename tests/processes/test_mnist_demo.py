@@ -10,7 +10,7 @@ from pathlib import Path
 import pytensor
 import pytest
 
-DEMO = Path(__file__).resolve().parent.parent / "demos" / "mnist" / "train_mnist.py"
+DEMO = Path(__file__).resolve().parents[2] / "demos" / "mnist" / "train_mnist.py"
 
 
 def _accuracy(stdout):

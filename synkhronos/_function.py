@@ -312,12 +312,15 @@ class Function:
         """The variant the master's share runs (by the rule every rank follows), or
         None where the master's rows are wrong: its share raises why, once the
         workers have run theirs."""
-        scattered, _, share_sel, subset, num_slices = plan.master_args(rt.master_rank)
+        core, share_sel = self._core, plan.share_sels[rt.master_rank]
+        if plan.num_slices == 1:  # one slice whatever the rows: nothing to look at
+            return core.variant_key(plan.subset, 1, share_sel)
+        scattered = plan.master_args(rt.master_rank)[0]
         try:
-            _, slices = share_rows(self._core, rt.device, scattered, share_sel, num_slices)
+            _, slices = share_rows(core, rt.device, scattered, share_sel, plan.num_slices)
         except ValueError:
             return None
-        return self._core.variant_key(subset, slices, share_sel)
+        return core.variant_key(plan.subset, slices, share_sel)
 
     def _dispatch(self, rt, plan, specs):
         core = self._core

@@ -36,7 +36,7 @@ def run_share_reduced(core, device, specs, root, weighted, *args):
     master to divide by the total.  When every rank has the same number of
     rows the master says so (False) and the outputs go as they are, to be
     divided by the number of ranks: the same mean, without a kernel per
-    output on every rank (15 us of host time each on an H100).
+    output on every rank (see the docs page "Benchmarks", *Design decisions*).
 
     A rank whose share failed still takes part, with identity values, so that
     no rank waits forever; the error is raised after.

@@ -249,8 +249,8 @@ def _remove_leftovers(token, tmpdir, cluster, ended):
 
 def _exit_now(code=0):
     # Everything is released: skip the interpreter's teardown of every loaded
-    # module (a quarter of a second with PyTensor loaded), as multiprocessing's
-    # children do.
+    # module (slow with PyTensor loaded: see the docs page "Benchmarks", *Design decisions*),
+    # as multiprocessing's children do.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -28,10 +28,14 @@ SDs:
   its own (its JAX does not share the session's).  The copy refuses JAX samplers.
   On a GPU host the plain model's CPU samplers (hours at 10^7 rows) run only with
   ``--plain-cpu``; without, the copy's posteriors are compared with numpyro's.
+  Each sampler's row reports its mean leapfrog steps (gradient evaluations) per
+  draw after tuning.
 
 and per evaluation, at ``--sample-rows``: the copy against the log-density a JAX
 user writes by hand in ``jax.numpy`` (float64, ``jax.jit(jax.value_and_grad(...))``,
-4 points with ``jax.vmap``; in a process of its own, on JAX's default device):
+4 points with ``jax.vmap``; in a process of its own, on JAX's default device;
+timed with the point and results on the device, and as a sampler on the host
+calls it, the point from numpy and the results to numpy):
 the copy at 1 point (``logp_dlogp_function``), at 4 points asked at once from 4
 threads (each its own compiled function, as nutpie's chains; the session's
 batcher runs the points pending together in one call: the points per run are
@@ -165,6 +169,13 @@ def _summary(idata):
             for name in post.data_vars}
 
 
+def _steps(idata):
+    """Mean leapfrog steps (gradient evaluations) per draw and chain, after tuning."""
+    stats = idata.sample_stats
+    name = "n_steps" if "n_steps" in stats else "num_steps" if "num_steps" in stats else None
+    return float(stats[name].mean()) if name else None
+
+
 def _worst(ref, other):
     """The largest |difference of posterior means| in posterior SDs of ``ref``,
     over the variables both name."""
@@ -194,7 +205,7 @@ def _pm_sample(model, args):
     forced = dict(cores=args.cores) if args.cores else {}  # else PyMC's default
     t0 = time.perf_counter()
     idata = pm.sample(model=model, **_sample_opts(args), **forced)
-    return time.perf_counter() - t0, _summary(idata)
+    return time.perf_counter() - t0, _summary(idata), _steps(idata)
 
 
 def _nutpie(model, args):
@@ -203,7 +214,7 @@ def _nutpie(model, args):
     t0 = time.perf_counter()
     idata = nutpie.sample(nutpie.compile_pymc_model(model), chains=args.chains, tune=args.tune,
                           draws=args.draws, seed=1, progress_bar=False)
-    return time.perf_counter() - t0, _summary(idata)
+    return time.perf_counter() - t0, _summary(idata), _steps(idata)
 
 
 def numpyro_child(args):
@@ -219,7 +230,8 @@ def numpyro_child(args):
     import jax
 
     print("@@RESULT " + json.dumps(dict(
-        seconds=seconds, summary=_summary(idata), devices=[str(d) for d in jax.devices()],
+        seconds=seconds, summary=_summary(idata), steps=_steps(idata),
+        devices=[str(d) for d in jax.devices()],
         x64=bool(jax.config.jax_enable_x64), dtype=str(idata.posterior["beta"].dtype))))
 
 
@@ -277,7 +289,8 @@ def jax_child(args):
     one = jax.jit(jax.value_and_grad(logp))
     four = jax.jit(jax.vmap(jax.value_and_grad(logp), in_axes=(0, None, None, None)))
     res = {}
-    for name, f, point in (("one", one, jnp.asarray(q)), ("four", four, jnp.asarray(_four(q)))):
+    for name, f, host in (("one", one, q), ("four", four, _four(q))):
+        point = jnp.asarray(host)
         t0 = time.perf_counter()
         value, grad = jax.block_until_ready(f(point, *data))
         first = time.perf_counter() - t0
@@ -286,8 +299,14 @@ def jax_child(args):
             t0 = time.perf_counter()
             jax.block_until_ready(f(point, *data))
             times.append(time.perf_counter() - t0)
-        res[name] = dict(ms=1e3 * median(times), first_call_s=first, logp=np.asarray(value).tolist(),
-                         dtype=str(value.dtype), grad_dtype=str(grad.dtype))
+        # as a sampler on the host calls it: the point from numpy, the results to numpy
+        host_times = []
+        for _ in range(args.evals):
+            t0 = time.perf_counter()
+            jax.device_get(f(host, *data))
+            host_times.append(time.perf_counter() - t0)
+        res[name] = dict(ms=1e3 * median(times), host_ms=1e3 * median(host_times), first_call_s=first,
+                         logp=np.asarray(value).tolist(), dtype=str(value.dtype), grad_dtype=str(grad.dtype))
     dev = jax.devices()[0]
     print("@@RESULT " + json.dumps(dict(device=str(dev), platform=dev.platform, jax=jax.__version__,
                                         x64=bool(jax.config.jax_enable_x64), **res)))
@@ -423,13 +442,14 @@ def sampling(args):
             base_fn, q = evaluator(model)
             ref = [float(base_fn(p)[0]) for p in [q] + list(_four(q))]
             jx = _child(args, kind, "--_jax")
-            print("  hand-written JAX on %s (jax %s, x64 %s, %s): 1 point %.3f ms, 4 points (vmap) %.3f ms"
+            print("  hand-written JAX on %s (jax %s, x64 %s, %s): 1 point %.3f ms, 4 points (vmap) %.3f ms "
+                  "on the device; from the host (numpy in, numpy out) %.3f and %.3f ms"
                   % (jx["device"], jx["jax"], jx["x64"], jx["one"]["dtype"], jx["one"]["ms"],
-                     jx["four"]["ms"]), flush=True)
+                     jx["four"]["ms"], jx["one"]["host_ms"], jx["four"]["host_ms"]), flush=True)
         if "numpyro" in parts:
             for method, label in (("default", "numpyro"), ("vectorized", "numpyro vectorized")):
                 res = _child(args, kind, "--_numpyro", method)
-                plain[label] = (res["seconds"], res["summary"])
+                plain[label] = (res["seconds"], res["summary"], res["steps"])
                 print("  %s on %s (x64 %s, %s): %.1f s" % (label, ", ".join(res["devices"]), res["x64"],
                                                         res["dtype"], res["seconds"]), flush=True)
         if plain_cpu and "pymc" in parts:
@@ -483,6 +503,7 @@ def _sampling_rows(kind, args, plain, copy, sizes, cores, batched, dtype):
                    speedup=p[0] / c[0] if p and c else None,
                    max_mean_diff_in_sd=_worst(ref[1], c[1]) if ref and c else None, against=against,
                    batch_sizes=sizes.get(sampler), batched=batched, copy_dtype=dtype,
+                   plain_steps_per_draw=p and p[2], synk_steps_per_draw=c and c[2],
                    plain=p and p[1], synk=c and c[1])
         if sampler == "pm.sample":
             row.update(cores)
@@ -501,6 +522,7 @@ def _sampling_rows(kind, args, plain, copy, sizes, cores, batched, dtype):
         out.append(dict(common, sampler=sampler, plain_s=p[0], synk_s=None, speedup=None,
                         max_mean_diff_in_sd=_worst(ref[1], p[1]) if ref else None,
                         against=against and "plain " + against, batch_sizes=None, cores=None, mp_ctx=None,
+                        plain_steps_per_draw=p[2], synk_steps_per_draw=None,
                         chains_run_in="one GPU, " + ("vectorized" if "vector" in sampler else
                                                      "one after another (PyMC's chain_method)"),
                         plain=p[1], synk=None))
@@ -515,13 +537,14 @@ def _jax_rows(kind, args, jx, per_eval, ref, batched):
                   jax_dtype=jx["one"]["dtype"], jax_logp_rel_err=err, copy_logp_rel_err=copy_err,
                   batched=batched)
     out = []
-    for how, points, jax_ms in (("one", 1, jx["one"]["ms"]), ("threads", 4, jx["four"]["ms"]),
-                                ("one_run", 4, jx["four"]["ms"])):
+    for how, points in (("one", 1), ("threads", 4), ("one_run", 4)):
+        jax_ms, host_ms = (jx["one" if points == 1 else "four"][k] for k in ("ms", "host_ms"))
         e = per_eval[how]
         label = {"one": "logp_dlogp_function", "threads": "4 threads at once",
                  "one_run": "one run of the ranks"}[how]
-        out.append(dict(common, points=points, copy_path=label, jax_ms=jax_ms, synk_ms=e["ms"],
-                        jax_over_synk=jax_ms / e["ms"], batch_sizes=e["sizes"],
+        out.append(dict(common, points=points, copy_path=label, jax_ms=jax_ms, jax_host_ms=host_ms,
+                        synk_ms=e["ms"], jax_over_synk=jax_ms / e["ms"], jax_host_over_synk=host_ms / e["ms"],
+                        batch_sizes=e["sizes"],
                         jax_first_call_s=jx["one" if points == 1 else "four"]["first_call_s"]))
     return out
 
@@ -584,6 +607,7 @@ def _draw_sampling(ax, sampled):
 def _draw_jax(ax, jax_rows):
     labels = ["%s, %d pt\n%s" % (r["model"], r["points"], r["copy_path"]) for r in jax_rows]
     _bars(ax, labels, [("hand-written JAX (%s)" % jax_rows[0]["jax_device"], [r["jax_ms"] for r in jax_rows]),
+                       ("the same from the host", [r["jax_host_ms"] for r in jax_rows]),
                        ("data_parallel copy", [r["synk_ms"] for r in jax_rows])])
     ax.set(title="logp+dlogp per call, %g rows" % jax_rows[0]["rows"], ylabel="ms per call")
 
@@ -633,10 +657,11 @@ def _fmt(v, f="%.1f", none="-"):
 
 def _print_sampling(sampled):
     print(table(["model", "rows", "sampler", "chains", "chains run in", "plain s", "Synkhronos s", "speedup",
-                 "max |dmean|/sd", "against", "points:runs"],
+                 "max |dmean|/sd", "against", "steps/draw", "points:runs"],
                 [[s["model"], s["rows"], s["sampler"], s["chains"], s["chains_run_in"], _fmt(s["plain_s"]),
                   _fmt(s["synk_s"], none="refused" if "numpyro" in s["sampler"] else "-"),
                   _fmt(s["speedup"], "%.2fx"), _fmt(s["max_mean_diff_in_sd"], "%.3f"), s["against"] or "-",
+                  "/".join(_fmt(s[k]) for k in ("plain_steps_per_draw", "synk_steps_per_draw")),
                   " ".join("%d:%d" % kv for kv in (s["batch_sizes"] or {}).items()) or "-"]
                  for s in sampled]))
     for s in sampled:
@@ -647,10 +672,11 @@ def _print_sampling(sampled):
 
 
 def _print_jax(jax_rows):
-    print(table(["model", "rows", "points", "JAX device", "JAX ms", "copy path", "Synkhronos ms",
-                 "JAX/Synkhronos", "points:runs"],
-                [[r["model"], r["rows"], r["points"], r["jax_device"], "%.3f" % r["jax_ms"], r["copy_path"],
-                  "%.3f" % r["synk_ms"], "%.2fx" % r["jax_over_synk"],
+    print(table(["model", "rows", "points", "JAX device", "JAX ms", "JAX from host ms", "copy path",
+                 "Synkhronos ms", "JAX/Synkhronos", "JAX from host/Synkhronos", "points:runs"],
+                [[r["model"], r["rows"], r["points"], r["jax_device"], "%.3f" % r["jax_ms"],
+                  "%.3f" % r["jax_host_ms"], r["copy_path"], "%.3f" % r["synk_ms"],
+                  "%.2fx" % r["jax_over_synk"], "%.2fx" % r["jax_host_over_synk"],
                   " ".join("%d:%d" % kv for kv in r["batch_sizes"].items())] for r in jax_rows]))
 
 

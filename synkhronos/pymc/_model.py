@@ -11,6 +11,7 @@ from .. import _api, _data, _function
 from .. import _collectives as _coll
 from .._common.selections import split_bounds
 from .._session import runtime
+from ._checks import parameter_checks, ranks_checks
 from ._op import Evaluator, RowsLogp, register_backends
 from ._potentials import row_potentials
 from ._terms import _continuous, check_rowwise, find_terms, row_count, rows_of, worker_graph
@@ -129,23 +130,6 @@ def _check_rows(rows):
     return rows
 
 
-def _parameter_checks(outputs, check_bounds):
-    """``outputs`` with PyMC's parameter checks as PyMC compiles them: a log-density
-    of -inf where a parameter is out of its domain (``model.check_bounds=False``:
-    no check), rather than an error raised on a rank, or no check under JAX.
-
-    PyMC's rule alone, not the ``canonicalize`` pass it sits in: that pass ran
-    for minutes on the gradient of a censored likelihood (PyTensor 2.38)."""
-    from pymc.logprob.utils import local_check_parameter_to_ninf_switch, local_remove_check_parameter
-    from pytensor.graph.fg import FunctionGraph
-    from pytensor.graph.rewriting.basic import in2out
-
-    rule = local_check_parameter_to_ninf_switch if check_bounds else local_remove_check_parameter
-    fgraph = FunctionGraph(outputs=outputs, clone=False)
-    in2out(rule).rewrite(fgraph)
-    return list(fgraph.outputs)
-
-
 def _jax_compiles(outputs):
     """Whether the ranks compile ``outputs`` with JAX: GPU ranks, and CPU ranks
     where JAX is Synkhronos' default linker, for a graph PyTensor's JAX backend
@@ -171,7 +155,7 @@ def _distributed_op(terms, batch, check_bounds):
     """Build, distribute and fill the Synkhronos function of ``terms``; the Op
     that calls it."""
     params, data, row_shareds, total, grads = worker_graph(terms)
-    single = _parameter_checks([total] + grads, check_bounds)
+    single = parameter_checks([total] + grads, check_bounds)
     if batch is None:
         batch = _jax_compiles(single)
     batched_params, outputs = _batched(params, single) if batch else (params, single)
@@ -232,7 +216,7 @@ def _batched(params, outputs):
         looped = sorted({str(n.op.core_op) for n in apply_ancestors(vectorized)
                          if isinstance(n.op, Blockwise)})
         if not looped:
-            return stacked, vectorized
+            return stacked, ranks_checks(vectorized)
         why = "no batched form of %s" % ", ".join(looped)
     logger.info("synkhronos.pymc: one point at a time on the ranks (%s)", why)
     return params, outputs

@@ -253,6 +253,8 @@ def worker_graph(terms):
     its rows (their shared variables empty until scattered)."""
     import pytensor
     import pytensor.tensor as pt
+    from pymc.pytensorf import rewrite_pregrad
+    from pytensor.graph.replace import clone_replace
 
     params = [v.type(name=v.name) for v in terms.params]
     data = [v.type(name=v.name) for v in terms.data]
@@ -265,7 +267,10 @@ def worker_graph(terms):
     logps = _replaced(terms.logps, replace)
     total = pt.add(*[lp.sum() for lp in logps]) if len(logps) > 1 else logps[0].sum()
     wrt = [p for p in params if _continuous(p)]
-    grads = pytensor.grad(total, wrt) if wrt else []
+    # PyMC's own gradient is of the log-density stabilized first (log(sigmoid(x))
+    # as -softplus(-x), say): the same here, or it differs at saturating points.
+    # (On a copy: the rewrites work in place, and the value stays PyMC's graph.)
+    grads = pytensor.grad(rewrite_pregrad(clone_replace(total)), wrt) if wrt else []
     return params, data, row_shareds, total, grads
 
 

@@ -1,0 +1,118 @@
+"""PyMC's parameter checks as the ranks compute them.
+
+PyMC guards a log-density with checks on its parameters (``check_parameters``):
+outside the domain the log-density is -inf.  Compiled as PyMC compiles them
+(``parameter_checks``), a term's rows then sum ``switch(ok, logp, -inf)``, where
+``ok`` reduces a condition over every row first: two reductions, one after the
+other, over the same rows.  For the batched graphs the ranks compile with JAX
+(``ranks_checks``), two rewrites that keep every value as it is:
+
+- ``summed_checks``: a sum over rows of ``switch(ok, x, -inf)`` (or ``0``), where
+  ``ok`` is the same for every row, is ``switch(ok, sum(x), -inf)``: the two
+  reductions become independent and XLA computes them in one pass;
+- ``bounded_checks``: a check of a link function's output against that
+  function's own range, as the Bernoulli's ``0 <= sigmoid(eta) <= 1``, fails
+  only where its argument is NaN; it becomes ``not isnan(eta)``, which saves a
+  transcendental per row and point.
+
+See the docs page "PyMC" for what they measured.
+"""
+
+import numpy as np
+from pytensor.graph.rewriting.basic import in2out, node_rewriter
+from pytensor.scalar.basic import GE, LE, Add, Exp, Switch
+from pytensor.scalar.math import Sigmoid
+from pytensor.tensor import cast, eq, invert, isnan, squeeze, switch
+from pytensor.tensor.basic import get_underlying_scalar_constant_value
+from pytensor.tensor.elemwise import CAReduce, Elemwise
+
+__all__ = ["bounded_checks", "parameter_checks", "ranks_checks", "summed_checks"]
+
+
+def parameter_checks(outputs, check_bounds):
+    """``outputs`` with PyMC's parameter checks as PyMC compiles them: a log-density
+    of -inf where a parameter is out of its domain (``model.check_bounds=False``:
+    no check), rather than an error raised on a rank, or no check under JAX.
+
+    PyMC's rule alone, not the ``canonicalize`` pass it sits in: that pass ran
+    for minutes on the gradient of a censored likelihood (PyTensor 2.38)."""
+    from pymc.logprob.utils import local_check_parameter_to_ninf_switch, local_remove_check_parameter
+    from pytensor.graph.fg import FunctionGraph
+
+    rule = local_check_parameter_to_ninf_switch if check_bounds else local_remove_check_parameter
+    fgraph = FunctionGraph(outputs=outputs, clone=False)
+    in2out(rule).rewrite(fgraph)
+    return list(fgraph.outputs)
+
+
+def ranks_checks(outputs):
+    """``outputs`` with ``summed_checks`` and ``bounded_checks`` (see the module
+    docstring; the docs page "PyMC" has what each did alone and together)."""
+    from pytensor.graph.fg import FunctionGraph
+
+    fgraph = FunctionGraph(outputs=outputs, clone=False)
+    in2out(summed_checks, bounded_checks).rewrite(fgraph)
+    return list(fgraph.outputs)
+
+
+def _scalar_constant(var):
+    try:
+        return float(get_underlying_scalar_constant_value(var))
+    except Exception:  # not a constant, or not one value
+        return None
+
+
+@node_rewriter([CAReduce])
+def summed_checks(fgraph, node):
+    """``sum(switch(ok, x, fill))`` over axes along which ``ok`` is the same, with
+    ``fill`` 0 or -inf, as ``switch(ok, sum(x), fill)`` (-inf only where those
+    axes hold a value: the sum of none is 0)."""
+    (summed,) = node.inputs
+    if not isinstance(node.op.scalar_op, Add) or summed.owner is None:
+        return None
+    inner = summed.owner
+    if not isinstance(inner.op, Elemwise) or not isinstance(inner.op.scalar_op, Switch):
+        return None
+    ok, x, fill = inner.inputs
+    value = _scalar_constant(fill)
+    axes = tuple(range(summed.ndim)) if node.op.axis is None else tuple(node.op.axis)
+    if (value not in (0.0, -np.inf) or x.type != summed.type or not axes
+            or not all(ok.type.broadcastable[a] for a in axes)):
+        return None
+    total = node.op(x)
+    if value == 0.0:
+        out = switch(squeeze(ok, axis=axes), total, 0)
+    else:
+        rows = np.prod([summed.shape[a] for a in axes])
+        out = switch(squeeze(ok, axis=axes), total, switch(eq(rows, 0), 0, -np.inf))
+    return [cast(out, node.outputs[0].dtype)]
+
+
+# The range of each link function, on every input but NaN.
+_RANGES = {Sigmoid: (0.0, 1.0), Exp: (0.0, float("inf"))}
+
+
+def _holds_unless_nan(op, fn_side, bound, low, high):
+    """Whether ``f(x) op bound`` (``fn_side`` 0) or ``bound op f(x)`` (1) holds for
+    every value ``f`` takes, all in ``[low, high]``."""
+    at_least = isinstance(op, GE) == (fn_side == 0)  # f(x) >= bound
+    return bound <= low if at_least else bound >= high
+
+
+@node_rewriter([Elemwise])
+def bounded_checks(fgraph, node):
+    """``f(x) >= low`` and ``f(x) <= high``, where ``[low, high]`` holds every
+    value ``f`` takes (see the module docstring), as ``not isnan(x)``."""
+    if not isinstance(node.op.scalar_op, (GE, LE)) or len(node.inputs) != 2:
+        return None
+    for side, var in enumerate(node.inputs):
+        inner = var.owner
+        if inner is None or not isinstance(inner.op, Elemwise) or type(inner.op.scalar_op) not in _RANGES:
+            continue
+        bound = _scalar_constant(node.inputs[1 - side])
+        x = inner.inputs[0]
+        if bound is None or x.type.broadcastable != node.outputs[0].type.broadcastable:
+            continue
+        if _holds_unless_nan(node.op.scalar_op, side, bound, *_RANGES[type(inner.op.scalar_op)]):
+            return [invert(isnan(x))]
+    return None

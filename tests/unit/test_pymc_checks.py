@@ -6,6 +6,9 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.rewriting.basic import in2out
 from pytensor.graph.traversal import apply_ancestors
@@ -142,3 +145,49 @@ def test_the_bernoullis_batched_graph_gets_both_rewrites():
     params, (batched,) = _batched([b_value], [logp])
     assert params[0] is not b_value, "the graph was batched"
     assert not compared_sigmoids(batched) and not _summed_switches(batched)
+
+
+# ----------------------------------------------------------- property tests
+FLOATS = st.floats(allow_nan=True, allow_infinity=True, width=64)
+
+
+@st.composite
+def checked_sums(draw):
+    """A check constant along some axes of a 1- to 3-d term, summed over some of
+    those axes, with its values (any sizes, 0 included)."""
+    ndim = draw(st.integers(1, 3))
+    shape = draw(st.lists(st.integers(0, 4), min_size=ndim, max_size=ndim))
+    along = draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim))  # ok does not vary along
+    summed = [i for i in range(ndim) if along[i] and draw(st.booleans())]
+    ok_shape = [1 if a else n for a, n in zip(along, shape)]
+    ok = draw(hnp.arrays(bool, ok_shape))
+    x = draw(hnp.arrays(np.float64, shape, elements=FLOATS))
+    fill = draw(st.sampled_from([-np.inf, 0.0]))
+    return ok, x, fill, summed or None
+
+
+@settings(max_examples=80, deadline=None)
+@given(checked_sums())
+def test_summed_checks_keep_every_value(case):
+    """Against the graph as written, on every shape, axes and values drawn."""
+    okv, xv, fill, axis = case
+    static = tuple(1 if a != b else None for a, b in zip(okv.shape, xv.shape))  # ok broadcasts there
+    ok = pt.tensor("ok", dtype="bool", shape=static)
+    x = pt.tensor("x", dtype="float64", shape=(None,) * xv.ndim)
+    out = pt.sum(pt.switch(ok, x, fill), axis=axis)
+    new, inputs = _rewritten(summed_checks, out, [ok, x])
+    want = pytensor.function([ok, x], out, mode=PLAIN)(okv, xv)
+    np.testing.assert_array_equal(pytensor.function(inputs, new, mode=PLAIN)(okv, xv), want)
+
+
+@settings(max_examples=120, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(max_dims=2, min_side=0, max_side=5), elements=FLOATS),
+       st.sampled_from([pt.sigmoid, pt.exp]), st.sampled_from([pt.ge, pt.le]), st.booleans(),
+       st.sampled_from([-np.inf, -2.0, -0.0, 0.0, 1e-300, 0.5, 1.0, 2.0, np.inf]))
+def test_comparisons_of_a_link_keep_every_value(xv, link, compare, link_first, bound):
+    """Any bound, either side: rewritten or not, the same truth values."""
+    x = pt.tensor("x", dtype="float64", shape=(None,) * xv.ndim)
+    out = compare(link(x), bound) if link_first else compare(bound, link(x))
+    new, (new_x,) = _rewritten(bounded_checks, out, [x])
+    np.testing.assert_array_equal(pytensor.function([new_x], new, mode=PLAIN)(xv),
+                                  pytensor.function([x], out, mode=PLAIN)(xv))

@@ -5,7 +5,8 @@ outside the domain the log-density is -inf.  Compiled as PyMC compiles them
 (``parameter_checks``), a term's rows then sum ``switch(ok, logp, -inf)``, where
 ``ok`` reduces a condition over every row first: two reductions, one after the
 other, over the same rows.  For the batched graphs the ranks compile with JAX
-(``ranks_checks``), two rewrites that keep every value as it is:
+(``ranks_checks``), two rewrites that keep every value (a sum may add its terms
+in another order, as a compiler may anyway):
 
 - ``summed_checks``: a sum over rows of ``switch(ok, x, -inf)`` (or ``0``), where
   ``ok`` is the same for every row, is ``switch(ok, sum(x), -inf)``: the two

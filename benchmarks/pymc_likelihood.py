@@ -538,14 +538,14 @@ def _jax_rows(kind, args, jx, per_eval, ref, batched):
                   batched=batched)
     out = []
     for how, points in (("one", 1), ("threads", 4), ("one_run", 4)):
-        jax_ms, host_ms = (jx["one" if points == 1 else "four"][k] for k in ("ms", "host_ms"))
+        j = jx["one" if points == 1 else "four"]
         e = per_eval[how]
         label = {"one": "logp_dlogp_function", "threads": "4 threads at once",
                  "one_run": "one run of the ranks"}[how]
-        out.append(dict(common, points=points, copy_path=label, jax_ms=jax_ms, jax_host_ms=host_ms,
-                        synk_ms=e["ms"], jax_over_synk=jax_ms / e["ms"], jax_host_over_synk=host_ms / e["ms"],
-                        batch_sizes=e["sizes"],
-                        jax_first_call_s=jx["one" if points == 1 else "four"]["first_call_s"]))
+        out.append(dict(common, points=points, copy_path=label, jax_ms=j["ms"], jax_host_ms=j["host_ms"],
+                        synk_ms=e["ms"], jax_over_synk=j["ms"] / e["ms"],
+                        jax_host_over_synk=j["host_ms"] / e["ms"], batch_sizes=e["sizes"],
+                        jax_first_call_s=j["first_call_s"]))
     return out
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.scalar.basic import GE, LE, Add, Exp, Switch
 from pytensor.scalar.math import Sigmoid
-from pytensor.tensor import cast, eq, invert, isnan, squeeze, switch
+from pytensor.tensor import cast, eq, invert, isnan, prod, squeeze, switch
 from pytensor.tensor.basic import get_underlying_scalar_constant_value
 from pytensor.tensor.elemwise import CAReduce, Elemwise
 
@@ -38,21 +38,23 @@ def parameter_checks(outputs, check_bounds):
     PyMC's rule alone, not the ``canonicalize`` pass it sits in: that pass ran
     for minutes on the gradient of a censored likelihood (PyTensor 2.38)."""
     from pymc.logprob.utils import local_check_parameter_to_ninf_switch, local_remove_check_parameter
-    from pytensor.graph.fg import FunctionGraph
 
-    rule = local_check_parameter_to_ninf_switch if check_bounds else local_remove_check_parameter
-    fgraph = FunctionGraph(outputs=outputs, clone=False)
-    in2out(rule).rewrite(fgraph)
-    return list(fgraph.outputs)
+    return _rewritten(outputs, local_check_parameter_to_ninf_switch if check_bounds
+                      else local_remove_check_parameter)
 
 
 def ranks_checks(outputs):
     """``outputs`` with ``summed_checks`` and ``bounded_checks`` (see the module
     docstring; the docs page "PyMC" has what each did alone and together)."""
+    return _rewritten(outputs, summed_checks, bounded_checks)
+
+
+def _rewritten(outputs, *rules):
+    """``outputs`` rewritten in place by ``rules``, each node at a time."""
     from pytensor.graph.fg import FunctionGraph
 
     fgraph = FunctionGraph(outputs=outputs, clone=False)
-    in2out(summed_checks, bounded_checks).rewrite(fgraph)
+    in2out(*rules).rewrite(fgraph)
     return list(fgraph.outputs)
 
 
@@ -76,15 +78,16 @@ def summed_checks(fgraph, node):
         return None
     ok, x, fill = inner.inputs
     value = _scalar_constant(fill)
+    plus_zero = value == 0.0 and not np.signbit(value)  # a sum of -0.0s is -0.0, not 0
     axes = tuple(range(summed.ndim)) if node.op.axis is None else tuple(node.op.axis)
-    if (value not in (0.0, -np.inf) or x.type != summed.type or not axes
+    if (not (plus_zero or value == -np.inf) or x.type != summed.type or not axes
             or not all(ok.type.broadcastable[a] for a in axes)):
         return None
     total = node.op(x)
-    if value == 0.0:
+    if plus_zero:
         out = switch(squeeze(ok, axis=axes), total, 0)
     else:
-        rows = np.prod([summed.shape[a] for a in axes])
+        rows = prod([summed.shape[a] for a in axes])
         out = switch(squeeze(ok, axis=axes), total, switch(eq(rows, 0), 0, -np.inf))
     return [cast(out, node.outputs[0].dtype)]
 

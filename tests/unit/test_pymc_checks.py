@@ -110,6 +110,7 @@ def test_a_sum_of_a_checked_term_checks_its_sum_with_the_same_values(fill, rows)
 OTHER_SUMS = {
     "a check that differs by row": lambda ok, x: pt.sum(pt.switch(pt.lt(x, 0), x, -np.inf), axis=1),
     "a fill other than 0 and -inf": lambda ok, x: pt.sum(pt.switch(ok, x, 1.0), axis=1),
+    "a fill of -0.0 (their sum is -0.0)": lambda ok, x: pt.sum(pt.switch(ok, x, -0.0), axis=1),
     "a sum over the points' axis": lambda ok, x: pt.sum(pt.switch(ok, x, -np.inf), axis=0),
     "a product": lambda ok, x: pt.prod(pt.switch(ok, x, 0.0), axis=1),
     "a term that broadcasts": lambda ok, x: pt.sum(pt.switch(ok, x[0], -np.inf), axis=1),

@@ -27,7 +27,7 @@ from pytensor.tensor import cast, eq, invert, isnan, prod, squeeze, switch
 from pytensor.tensor.basic import get_underlying_scalar_constant_value
 from pytensor.tensor.elemwise import CAReduce, Elemwise
 
-__all__ = ["bounded_checks", "parameter_checks", "ranks_checks", "summed_checks"]
+__all__ = ["bounded_checks", "parameter_checks", "ranks_checks", "rewritten", "summed_checks"]
 
 
 def parameter_checks(outputs, check_bounds):
@@ -39,17 +39,17 @@ def parameter_checks(outputs, check_bounds):
     for minutes on the gradient of a censored likelihood (PyTensor 2.38)."""
     from pymc.logprob.utils import local_check_parameter_to_ninf_switch, local_remove_check_parameter
 
-    return _rewritten(outputs, local_check_parameter_to_ninf_switch if check_bounds
+    return rewritten(outputs, local_check_parameter_to_ninf_switch if check_bounds
                       else local_remove_check_parameter)
 
 
 def ranks_checks(outputs):
     """``outputs`` with ``summed_checks`` and ``bounded_checks`` (see the module
     docstring; the docs page "PyMC" has what each did alone and together)."""
-    return _rewritten(outputs, summed_checks, bounded_checks)
+    return rewritten(outputs, summed_checks, bounded_checks)
 
 
-def _rewritten(outputs, *rules):
+def rewritten(outputs, *rules):
     """``outputs`` rewritten in place by ``rules``, each node at a time."""
     from pytensor.graph.fg import FunctionGraph
 

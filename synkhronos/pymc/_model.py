@@ -11,10 +11,10 @@ from .. import _api, _data, _function
 from .. import _collectives as _coll
 from .._common.selections import split_bounds
 from .._session import runtime
-from ._checks import parameter_checks, ranks_checks
+from ._checks import parameter_checks, ranks_checks, rewritten
 from ._op import Evaluator, RowsLogp, register_backends
 from ._potentials import row_potentials
-from ._terms import _continuous, check_rowwise, find_terms, row_count, rows_of, worker_graph
+from ._terms import _continuous, check_rowwise, find_terms, gradient, row_count, rows_of, worker_graph
 
 __all__ = ["data_parallel"]
 
@@ -158,7 +158,7 @@ def _distributed_op(terms, batch, check_bounds):
     single = parameter_checks([total] + grads, check_bounds)
     if batch is None:
         batch = _jax_compiles(single)
-    batched_params, outputs = _batched(params, single) if batch else (params, single)
+    batched_params, outputs = (batch and _batched(params, single, total, check_bounds)) or (params, single)
     try:
         _check_sendable(terms, outputs)
     except ValueError:
@@ -192,34 +192,70 @@ def _distribute(fn, terms):
                          "out of observed= to compute it in this process" % (terms.names(), exc)) from exc
 
 
-def _batched(params, outputs):
+def _batched(params, single, total, check_bounds):
     """``(inputs, outputs)`` of the terms evaluated at several points at once:
     each parameter gains a leading axis of points, and each output one value
     (or gradient) per point, so that a rank reads its rows once for all points.
-    ``(params, outputs)`` unchanged where PyTensor cannot vectorize the graph."""
+    None where PyTensor cannot vectorize the graph.
+
+    ``single`` (the log-density and its gradient at one point, checks
+    compiled) vectorized, where that needs no more than products made matrix
+    products (a GLM's); otherwise ``total`` (the log-density, checks not
+    compiled) vectorized and differentiated, which batches more graphs (varying
+    slopes, say) but gives 0, not PyMC's value, for the gradient at a point out of
+    a parameter's domain, and ran slower on a GPU (docs page "PyMC")."""
     import pytensor.tensor as pt
     from pytensor.graph.replace import vectorize_graph
     from pytensor.graph.rewriting.utils import rewrite_graph
-    from pytensor.graph.traversal import apply_ancestors
-    from pytensor.tensor.blockwise import Blockwise
 
     stacked = [pt.tensor(dtype=p.dtype, shape=(None,) + p.type.shape, name=p.name) for p in params]
+    replace = dict(zip(params, stacked))
     try:
-        vectorized = vectorize_graph(outputs, replace=dict(zip(params, stacked)))
-        # (the rewrites that turn a product with one batched side into one matrix product)
-        vectorized = list(rewrite_graph(vectorized, include=("canonicalize", "stabilize", "specialize")))
+        outputs = vectorize_graph(single, replace=replace)
+        if _looped(outputs):
+            outputs = _core_products(outputs)
+        if _looped(outputs):
+            batched = vectorize_graph(total, replace=replace)
+            grads = gradient(batched, [s for s, p in zip(stacked, params) if _continuous(p)])
+            outputs = parameter_checks([batched] + grads, check_bounds)
+            if _looped(outputs):
+                # (canonicalize ran for minutes on the first way's Gamma GLM, 0.2 s here)
+                outputs = list(rewrite_graph(outputs, include=("canonicalize",)))
     except Exception as exc:
         why = "%s: %s" % (type(exc).__name__, exc)
     else:
-        # An Op with no rule for a leading axis stays a Blockwise, which loops
-        # over the points one by one: no faster than one point a call.
-        looped = sorted({str(n.op.core_op) for n in apply_ancestors(vectorized)
-                         if isinstance(n.op, Blockwise)})
+        looped = _looped(outputs)
         if not looped:
-            return stacked, ranks_checks(vectorized)
+            return stacked, ranks_checks(outputs)
         why = "no batched form of %s" % ", ".join(looped)
     logger.info("synkhronos.pymc: one point at a time on the ranks (%s)", why)
-    return params, outputs
+    return None
+
+
+def _core_products(outputs):
+    """``outputs`` with each product of one batched side made one matrix product
+    (and Blockwise with no batched input plain), by those rewrites alone: the
+    ranks' compiling rewrites the rest.  PyTensor's whole canonicalize,
+    stabilize and specialize here turned a Normal's gradient into a graph that
+    asserts one row per rank, and ran for minutes on a Gamma GLM's."""
+    from pytensor.tensor.rewriting.blockwise import (
+        local_eager_useless_unbatched_blockwise,
+        local_useless_unbatched_blockwise,
+    )
+    from pytensor.tensor.rewriting.math import local_batched_matmul_to_core_matmul
+
+    return rewritten(outputs, local_batched_matmul_to_core_matmul, local_useless_unbatched_blockwise,
+                     local_eager_useless_unbatched_blockwise)
+
+
+def _looped(outputs):
+    """The Ops of ``outputs`` left with no rule for a leading axis: each stays a
+    Blockwise, which loops over the points one by one (no faster than one point
+    a call)."""
+    from pytensor.graph.traversal import apply_ancestors
+    from pytensor.tensor.blockwise import Blockwise
+
+    return sorted({str(n.op.core_op) for n in apply_ancestors(outputs) if isinstance(n.op, Blockwise)})
 
 
 def _check_sendable(terms, outputs):

@@ -253,8 +253,6 @@ def worker_graph(terms):
     its rows (their shared variables empty until scattered)."""
     import pytensor
     import pytensor.tensor as pt
-    from pymc.pytensorf import rewrite_pregrad
-    from pytensor.graph.replace import clone_replace
 
     params = [v.type(name=v.name) for v in terms.params]
     data = [v.type(name=v.name) for v in terms.data]
@@ -266,12 +264,23 @@ def worker_graph(terms):
     replace = dict(zip(terms.held + terms.data + terms.row_vars, params + data + row_shareds))
     logps = _replaced(terms.logps, replace)
     total = pt.add(*[lp.sum() for lp in logps]) if len(logps) > 1 else logps[0].sum()
-    wrt = [p for p in params if _continuous(p)]
-    # PyMC's own gradient is of the log-density stabilized first (log(sigmoid(x))
-    # as -softplus(-x), say): the same here, or it differs at saturating points.
-    # (On a copy: the rewrites work in place, and the value stays PyMC's graph.)
-    grads = pytensor.grad(rewrite_pregrad(clone_replace(total)), wrt) if wrt else []
+    grads = gradient(total, [p for p in params if _continuous(p)])
     return params, data, row_shareds, total, grads
+
+
+def gradient(total, wrt):
+    """The gradient of ``total`` (summed first where it holds one value per
+    point) with respect to each of ``wrt``, taken as PyMC takes its own: of the
+    log-density stabilized first (log(sigmoid(x)) as -softplus(-x), say), or it
+    differs at saturating points.  (The rewrites work in place: on a copy, so
+    that ``total`` stays PyMC's graph.)"""
+    import pytensor
+    from pymc.pytensorf import rewrite_pregrad
+    from pytensor.graph.replace import clone_replace
+
+    if not wrt:
+        return []
+    return pytensor.grad(rewrite_pregrad(clone_replace(total)).sum(), wrt)
 
 
 def row_inputs(terms):

@@ -130,7 +130,18 @@ def test_cpu_backends_child_and_png(tmp_path):
     _check_png(out[:-5] + ".png", "cpu_backends")
 
 
-# ----------------------------------------------- GPU benchmarks, made-up timings
+def test_jax_batched_forms_agree_and_write_png(tmp_path):
+    """Runs for real on JAX's CPU device: every form gives vmap's logp and gradient."""
+    pytest.importorskip("jax")
+    out = str(tmp_path / "jax_batched_forms.json")
+    _run_ok(os.path.join(BENCH, "jax_batched_forms.py"), "--rows", "3000", "--points", "1,3",
+            "--reps", "2", "--out", out)
+    with open(out) as f:
+        payload = json.load(f)
+    assert payload["x64"] and payload["dtype"] == "float64"
+    records = payload["records"]
+    assert len(records) == 2 * 6 and all(r["rel_err"] < 1e-12 for r in records), records
+    assert os.path.getsize(out[:-5] + ".png") > 10_000
 def test_mpi_collectives_writes_png(tmp_path):
     """Runs for real at its smallest settings: raw mpi4py, synk under mpirun, synk on one host."""
     from _mpirun import MPIRUN

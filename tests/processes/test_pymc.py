@@ -83,14 +83,14 @@ def points(model, k, seed=2):
     return [{n: v + 0.5 * rng.standard_normal(v.shape) for n, v in start.items()} for _ in range(k)]
 
 
-def assert_same_density(orig, split):
+def assert_same_density(orig, split, rtol=RTOL):
     # The same free variables in the same order: the default dlogp lines up.
     assert [v.name for v in split.value_vars] == [v.name for v in orig.value_vars]
     logp0, logp1 = orig.compile_logp(), split.compile_logp()
     d0, d1 = orig.compile_dlogp(), split.compile_dlogp()
     for p in points(orig, 3):
-        np.testing.assert_allclose(logp1(p), logp0(p), rtol=RTOL)
-        np.testing.assert_allclose(d1(p), d0(p), rtol=RTOL, atol=1e-9)
+        np.testing.assert_allclose(logp1(p), logp0(p), rtol=rtol)
+        np.testing.assert_allclose(d1(p), d0(p), rtol=rtol, atol=1e-9)
     op = split.potentials[0].owner.op
     assert sum(op.evaluator.batcher.sizes.values()) > 0  # computed on the ranks of this session
 
@@ -319,16 +319,18 @@ def test_a_parameter_out_of_its_domain_gives_minus_infinity_as_in_pymc(session):
     assert logp1({"s": -0.5}) == -np.inf
 
 
-def test_nan_and_infinite_parameters_give_what_pymc_gives(session):
+@pytest.mark.parametrize("batch", [False, True], ids=["one_point", "batched"])
+def test_nan_and_infinite_parameters_give_what_pymc_gives(session, batch):
     """The ranks' parameter checks (the Bernoulli's ``0 <= sigmoid(eta) <= 1``)
     give the same log-density and gradient as PyMC's at NaN, infinite and
-    saturating parameters too."""
+    saturating parameters too, one point at a time and in the batched graph."""
     rng = np.random.default_rng(8)
     x = rng.standard_normal((401, 2))
     with pm.Model() as model:
         b = pm.Normal("b", 0, 1, shape=2)
         pm.Bernoulli("y", logit_p=pt.as_tensor(x) @ b, observed=(rng.random(401) < 0.5).astype("int64"))
-    split = data_parallel(model)
+    split = data_parallel(model, batch=batch)
+    assert split.potentials[0].owner.op.evaluator.batched == batch
     logp0, logp1 = model.compile_logp(), split.compile_logp()
     dlogp0, dlogp1 = model.compile_dlogp(), split.compile_dlogp()
     for value in ([0.3, -0.2], [np.nan, 0.1], [np.inf, 0.0], [40.0, -40.0]):

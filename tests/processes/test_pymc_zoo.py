@@ -138,14 +138,53 @@ def potential():
     return m
 
 
+def normal():
+    """The first model of every tutorial: scalar mean and sigma, numpy rows."""
+    with pm.Model() as m:
+        mu = pm.Normal("mu")
+        s = pm.HalfNormal("s")
+        pm.Normal("y", mu, s, observed=_rng(16).standard_normal(N))
+    return m
+
+
+def two_likelihoods():
+    """Two observed variables with rows of their own: the longer one splits,
+    the other is computed in this process."""
+    rng = _rng(17)
+    with pm.Model() as m:
+        mu = pm.Normal("mu")
+        s = pm.HalfNormal("s")
+        pm.Normal("long", mu, s, observed=rng.standard_normal(N))
+        pm.Normal("short", 2 * mu, s, observed=rng.standard_normal(N // 3) + 1)
+    return m
+
+
+def rows_of_three():
+    """Observations of three columns per row, a mean and a sigma per column."""
+    with pm.Model() as m:
+        mu = pm.Normal("mu", shape=3)
+        s = pm.HalfNormal("s", shape=3)
+        pm.Normal("y", mu, s, observed=_rng(18).standard_normal((N, 3)) + [1, 2, 3])
+    return m
+
+
 MODELS = [varying_slopes, robust, zero_inflated, multinomial_logit, gamma_glm, binomial_trials, mvnormal,
-          censored, potential]
+          censored, potential, normal, two_likelihoods, rows_of_three]
 
 
+# Graphs with an Op that PyTensor cannot give a leading axis of points: one point at a time.
+UNBATCHED = (zero_inflated, multinomial_logit, mvnormal)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["one_point", "batched"])
 @pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
-def test_logp_and_gradient_equal_pymcs(session, make):
+def test_logp_and_gradient_equal_pymcs(session, make, batch):
+    """Each point alone (PyTensor's linkers' default) and in the batched graph
+    that JAX ranks run by default (here a batch of one point)."""
     model = make()
-    assert_same_density(model, data_parallel(model))
+    split = data_parallel(model, batch=batch)
+    assert split.potentials[-1].owner.op.evaluator.batched == (batch and make not in UNBATCHED)
+    assert_same_density(model, split)
 
 
 def test_missing_values_split_the_observed_rows_and_keep_the_imputed_ones(session):
@@ -283,3 +322,43 @@ def test_what_cannot_be_split_is_named_and_the_session_goes_on(session, make, ma
         data_parallel(make())
     model = logistic(101)  # nothing of the refused model was left registered
     assert_same_density(model, data_parallel(model))
+
+
+_ON_JAX_RANKS = """
+import sys
+import synkhronos as synk
+from synkhronos.pymc import data_parallel
+import test_pymc_zoo as zoo
+from test_pymc import assert_same_density
+
+synk.fork(2, use_gpu=False)
+for name in sys.argv[1:]:
+    model = getattr(zoo, name)()
+    split = data_parallel(model)
+    ev = split.potentials[-1].owner.op.evaluator
+    assert type(ev.fn._core.plain.maker.linker).__name__ == "JAXLinker" and ev.batched, name
+    # (XLA's digamma, in the Gamma's gradient, is PyMC's to 1.3e-9)
+    assert_same_density(model, split, rtol=1e-8 if name == "gamma_glm" else 1e-9)
+    print("ok", name, flush=True)
+synk.close()
+"""
+
+
+def test_batched_graphs_on_jax_ranks_as_users_get_them(tmp_path):
+    """Outside the tests' FAST_COMPILE, with Synkhronos' defaults (CPU ranks
+    compile with JAX, points batched): the models whose batched graph asserted
+    one row per rank (a Normal with a scalar sigma, alone, beside a shorter
+    likelihood, or over rows of three columns) or took minutes to build (a
+    Gamma GLM) give PyMC's logp and gradient."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax")
+    names = ["normal", "two_likelihoods", "rows_of_three", "gamma_glm"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTENSOR_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _ON_JAX_RANKS, *names], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.split() == [w for n in names for w in ("ok", n)]

@@ -141,9 +141,10 @@ def test_the_bernoullis_batched_graph_gets_both_rewrites():
         b = pm.Normal("b", 0, 1, shape=2)
         pm.Bernoulli("y", logit_p=pt.as_tensor(np.ones((5, 2))) @ b, observed=np.ones(5, dtype="int64"))
     b_value = model.rvs_to_values[b]
-    logp = parameter_checks([model.logp(vars=model.observed_RVs)], check_bounds=True)[0]
+    total = model.logp(vars=model.observed_RVs)
+    logp = parameter_checks([total], check_bounds=True)[0]
     assert compared_sigmoids(logp)
-    params, (batched,) = _batched([b_value], [logp])
+    params, (batched,) = _batched([b_value], [logp], total, True)
     assert params[0] is not b_value, "the graph was batched"
     assert not compared_sigmoids(batched) and not _summed_switches(batched)
 

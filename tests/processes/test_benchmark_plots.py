@@ -152,7 +152,9 @@ def test_mpi_collectives_writes_png(tmp_path):
     proc = _run_ok(os.path.join(BENCH, "mpi_collectives.py"), "--quick", "--out", out, timeout=300)
     records = json.load(open(out))["records"]
     settings = ("raw", "synk_mpi", "synk_host")
-    assert len(records) == 6 and all(r[s + "_gbps"] for r in records for s in settings)
+    # every setting ran every op and size (an all_gather's time is a difference of two
+    # timings, which the noise of a loaded 2-core machine can make 0: no rate then)
+    assert len(records) == 6 and all(r[s + "_ms"] is not None for r in records for s in settings)
     assert "synk, mpirun (host per rank)" in proc.stdout
     _check_png(out[:-5] + ".png", "mpi_collectives")
 

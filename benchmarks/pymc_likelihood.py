@@ -25,7 +25,8 @@ SDs:
 - with ``--gpu``: ``pm.sample(nuts_sampler="numpyro")`` on the plain model on the
   same GPU, with PyMC's chain_method (on one GPU numpyro runs the chains one
   after the other) and with ``chain_method="vectorized"``, each in a process of
-  its own (its JAX does not share the session's).  The copy refuses JAX samplers.
+  its own (its JAX does not share the session's; part ``numpyro-vectorized``: that one
+  only).  The copy refuses JAX samplers.
   On a GPU host the plain model's CPU samplers (hours at 10^7 rows) run only with
   ``--plain-cpu``; without, the copy's posteriors are compared with numpyro's.
   Each sampler's row reports its mean leapfrog steps (gradient evaluations) per
@@ -68,7 +69,7 @@ from _common import (  # noqa: E402
     usable_cores,
 )
 
-PARTS = ("pymc", "nutpie", "numpyro", "jax-eval")
+PARTS = ("pymc", "nutpie", "numpyro", "numpyro-vectorized", "jax-eval")
 GROUPS = 20
 
 
@@ -420,8 +421,8 @@ def sampling(args):
     if "nutpie" in parts and not _importable("nutpie"):
         print("  (nutpie is not installed: its rows are skipped)")
         parts.discard("nutpie")
-    if "numpyro" in parts and not args.gpu:
-        parts.discard("numpyro")  # the numpyro rows are the GPU's baseline
+    if not args.gpu:
+        parts -= {"numpyro", "numpyro-vectorized"}  # the numpyro rows are the GPU's baseline
     if "jax-eval" in parts and not _importable("jax"):
         print("  (jax is not installed: the per-evaluation comparison with JAX is skipped)")
         parts.discard("jax-eval")
@@ -446,8 +447,10 @@ def sampling(args):
                   "on the device; from the host (numpy in, numpy out) %.3f and %.3f ms"
                   % (jx["device"], jx["jax"], jx["x64"], jx["one"]["dtype"], jx["one"]["ms"],
                      jx["four"]["ms"], jx["one"]["host_ms"], jx["four"]["host_ms"]), flush=True)
-        if "numpyro" in parts:
-            for method, label in (("default", "numpyro"), ("vectorized", "numpyro vectorized")):
+        methods = [("default", "numpyro")] * ("numpyro" in parts)
+        methods += [("vectorized", "numpyro vectorized")] * bool(parts & {"numpyro", "numpyro-vectorized"})
+        if methods:
+            for method, label in methods:
                 res = _child(args, kind, "--_numpyro", method)
                 plain[label] = (res["seconds"], res["summary"], res["steps"])
                 print("  %s on %s (x64 %s, %s): %.1f s" % (label, ", ".join(res["devices"]), res["x64"],
@@ -468,10 +471,12 @@ def sampling(args):
             for name, part, run in (("pm.sample", "pymc", _pm_sample), ("nutpie", "nutpie", _nutpie)):
                 if part not in parts:
                     continue
-                before = collections.Counter(op.evaluator.batcher.sizes)
+                batcher = op.evaluator.batcher
+                before, lingered = collections.Counter(batcher.sizes), batcher.lingered_s
                 copy[name] = run(fast, args)
-                sizes[name] = _since(op.evaluator.batcher.sizes, before)
-                print("  %s, copy: %.1f s, points:runs %s" % (name, copy[name][0], sizes[name]), flush=True)
+                sizes[name] = _since(batcher.sizes, before)
+                print("  %s, copy: %.1f s, points:runs %s, runs waited for chains %.1f s"
+                      % (name, copy[name][0], sizes[name], batcher.lingered_s - lingered), flush=True)
             per_eval = copy_per_eval(fast, args) if "jax-eval" in parts else None
         finally:
             synk.close()
@@ -630,7 +635,8 @@ def _parse(argv):
     p.add_argument("--sample-rows", type=int, default=100_000)
     p.add_argument("--sample-parts", default=",".join(PARTS),
                    type=lambda s: [v for v in s.split(",") if v],
-                   help="which of %s to run with --sample (numpyro only with --gpu)" % ",".join(PARTS))
+                   help="which of %s to run with --sample (numpyro: both ways, numpyro-vectorized: that "
+                        "one; only with --gpu)" % ",".join(PARTS))
     p.add_argument("--chains", type=int, default=2)
     p.add_argument("--tune", type=int, default=1000)
     p.add_argument("--draws", type=int, default=1000)

@@ -20,14 +20,16 @@ See the docs page "PyMC" for what they measured.
 """
 
 import numpy as np
-from pytensor.graph.rewriting.basic import in2out, node_rewriter
+from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.scalar.basic import GE, LE, Add, Exp, Switch
 from pytensor.scalar.math import Sigmoid
 from pytensor.tensor import cast, eq, invert, isnan, prod, squeeze, switch
-from pytensor.tensor.basic import get_underlying_scalar_constant_value
+from pytensor.tensor.basic import Alloc, alloc, get_underlying_scalar_constant_value
 from pytensor.tensor.elemwise import CAReduce, Elemwise
 
-__all__ = ["bounded_checks", "parameter_checks", "ranks_checks", "rewritten", "summed_checks"]
+from ._graphs import rewritten
+
+__all__ = ["bounded_checks", "parameter_checks", "ranks_checks", "summed_checks"]
 
 
 def parameter_checks(outputs, check_bounds):
@@ -49,15 +51,6 @@ def ranks_checks(outputs):
     return rewritten(outputs, summed_checks, bounded_checks)
 
 
-def rewritten(outputs, *rules):
-    """``outputs`` rewritten in place by ``rules``, each node at a time."""
-    from pytensor.graph.fg import FunctionGraph
-
-    fgraph = FunctionGraph(outputs=outputs, clone=False)
-    in2out(*rules).rewrite(fgraph)
-    return list(fgraph.outputs)
-
-
 def _scalar_constant(var):
     try:
         return float(get_underlying_scalar_constant_value(var))
@@ -73,10 +66,16 @@ def summed_checks(fgraph, node):
     (summed,) = node.inputs
     if not isinstance(node.op.scalar_op, Add) or summed.owner is None:
         return None
-    inner = summed.owner
+    inner, shape = summed.owner, None
+    if isinstance(inner.op, Alloc) and inner.inputs[0].owner is not None:
+        # (a vectorized graph broadcasts the switch to its full shape: the sum of
+        # the broadcast switch is the switch of the broadcast values' sum)
+        inner, shape = inner.inputs[0].owner, inner.inputs[1:]
     if not isinstance(inner.op, Elemwise) or not isinstance(inner.op.scalar_op, Switch):
         return None
     ok, x, fill = inner.inputs
+    if shape is not None:
+        x = alloc(x, *shape)
     value = _scalar_constant(fill)
     plus_zero = value == 0.0 and not np.signbit(value)  # a sum of -0.0s is -0.0, not 0
     axes = tuple(range(summed.ndim)) if node.op.axis is None else tuple(node.op.axis)

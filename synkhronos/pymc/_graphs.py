@@ -1,9 +1,10 @@
 """Small helpers on PyTensor graphs that the term-finding modules share: the
-values of data in a graph, and graphs rebuilt with parts replaced."""
+values of data in a graph, graphs rebuilt with parts replaced, and graphs
+rewritten by named rules."""
 
 import numpy as np
 
-__all__ = ["leading", "value_of", "replaced"]
+__all__ = ["leading", "value_of", "replaced", "rewritten"]
 
 
 def leading(var):
@@ -32,3 +33,13 @@ def replaced(outputs, replace):
     # count, say) are inferred anew rather than asserted.
     replace = {k: v for k, v in replace.items() if k is not v}
     return list(clone_replace(outputs, replace, rebuild_strict=False)) if replace else list(outputs)
+
+
+def rewritten(outputs, *rules):
+    """``outputs`` rewritten in place by ``rules``, each node at a time."""
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.graph.rewriting.basic import in2out
+
+    fgraph = FunctionGraph(outputs=outputs, clone=False)
+    in2out(*rules).rewrite(fgraph)
+    return list(fgraph.outputs)

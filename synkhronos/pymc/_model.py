@@ -11,9 +11,11 @@ from .. import _api, _data, _function
 from .. import _collectives as _coll
 from .._common.selections import split_bounds
 from .._session import runtime
-from ._checks import parameter_checks, ranks_checks, rewritten
+from ._checks import parameter_checks, ranks_checks
+from ._graphs import rewritten
 from ._op import Evaluator, RowsLogp, register_backends
 from ._potentials import row_potentials
+from ._products import feature_sums
 from ._terms import _continuous, check_rowwise, find_terms, gradient, row_count, rows_of, worker_graph
 
 __all__ = ["data_parallel"]
@@ -158,7 +160,9 @@ def _distributed_op(terms, batch, check_bounds):
     single = parameter_checks([total] + grads, check_bounds)
     if batch is None:
         batch = _jax_compiles(single)
-    batched_params, outputs = (batch and _batched(params, single, total, check_bounds)) or (params, single)
+    on_gpu = runtime.require().device.name == "gpu"
+    built = batch and _batched(params, single, total, check_bounds, on_gpu)
+    batched_params, outputs = built or (params, single)
     try:
         _check_sendable(terms, outputs)
     except ValueError:
@@ -192,7 +196,7 @@ def _distribute(fn, terms):
                          "out of observed= to compute it in this process" % (terms.names(), exc)) from exc
 
 
-def _batched(params, single, total, check_bounds):
+def _batched(params, single, total, check_bounds, on_gpu=False):
     """``(inputs, outputs)`` of the terms evaluated at several points at once:
     each parameter gains a leading axis of points, and each output one value
     (or gradient) per point, so that a rank reads its rows once for all points.
@@ -203,10 +207,11 @@ def _batched(params, single, total, check_bounds):
     products (a GLM's); otherwise ``total`` (the log-density, checks not
     compiled) vectorized and differentiated, which batches more graphs (varying
     slopes, say) but gives 0, not PyMC's value, for the gradient at a point out of
-    a parameter's domain, and ran slower on a GPU (docs page "PyMC")."""
+    a parameter's domain, and ran slower on a GPU (docs page "PyMC").  For
+    GPU ranks (``on_gpu``), products with a few features written out
+    (``_products``)."""
     import pytensor.tensor as pt
     from pytensor.graph.replace import vectorize_graph
-    from pytensor.graph.rewriting.utils import rewrite_graph
 
     stacked = [pt.tensor(dtype=p.dtype, shape=(None,) + p.type.shape, name=p.name) for p in params]
     replace = dict(zip(params, stacked))
@@ -215,21 +220,29 @@ def _batched(params, single, total, check_bounds):
         if _looped(outputs):
             outputs = _core_products(outputs)
         if _looped(outputs):
-            batched = vectorize_graph(total, replace=replace)
-            grads = gradient(batched, [s for s, p in zip(stacked, params) if _continuous(p)])
-            outputs = parameter_checks([batched] + grads, check_bounds)
-            if _looped(outputs):
-                # (canonicalize ran for minutes on the first way's Gamma GLM, 0.2 s here)
-                outputs = list(rewrite_graph(outputs, include=("canonicalize",)))
+            outputs = _differentiated(vectorize_graph(total, replace=replace), params, stacked, check_bounds)
     except Exception as exc:
         why = "%s: %s" % (type(exc).__name__, exc)
     else:
         looped = _looped(outputs)
         if not looped:
-            return stacked, ranks_checks(outputs)
+            outputs = ranks_checks(outputs)
+            return stacked, feature_sums(outputs) if on_gpu else outputs
         why = "no batched form of %s" % ", ".join(looped)
     logger.info("synkhronos.pymc: one point at a time on the ranks (%s)", why)
     return None
+
+
+def _differentiated(batched, params, stacked, check_bounds):
+    """The batched log-density ``batched`` with its gradient with respect to the
+    continuous ``stacked`` (the batched ``params``), checks compiled."""
+    from pytensor.graph.rewriting.utils import rewrite_graph
+
+    grads = gradient(batched, [s for s, p in zip(stacked, params) if _continuous(p)])
+    outputs = parameter_checks([batched] + grads, check_bounds)
+    if _looped(outputs):  # (canonicalize ran for minutes on the first way's Gamma GLM, 0.2 s here)
+        outputs = list(rewrite_graph(outputs, include=("canonicalize",)))
+    return outputs
 
 
 def _core_products(outputs):

@@ -19,7 +19,7 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from .._session import child_service, runtime
-from ._batch import Batcher
+from ._batch import LINGER, Batcher
 
 __all__ = ["RowsLogp", "Evaluator"]
 
@@ -38,7 +38,7 @@ class Evaluator:
         self.datas = datas
         self.n_params = n_params
         self.batched = batched
-        self.batcher = Batcher(self._run)
+        self.batcher = Batcher(self._run, linger=LINGER if batched else 0.0)
         self.rt = fn._rt
 
     def evaluate(self, inputs):

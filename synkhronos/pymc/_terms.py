@@ -26,6 +26,7 @@ from ._graphs import replaced as _replaced
 from ._graphs import value_of as _value_of
 from ._potentials import per_row, potential_rows
 from ._select import select_rows_in_data
+from ._stable import stabilized
 
 __all__ = ["RowTerms", "find_terms", "check_rowwise"]
 
@@ -271,8 +272,9 @@ def worker_graph(terms):
 def gradient(total, wrt):
     """The gradient of ``total`` (summed first where it holds one value per
     point) with respect to each of ``wrt``, taken as PyMC takes its own: of the
-    log-density stabilized first (log(sigmoid(x)) as -softplus(-x), say), or it
-    differs at saturating points.  (The rewrites work in place: on a copy, so
+    log-density stabilized first (log(sigmoid(x)) as -softplus(-x), say; see
+    ``_stable`` for what PyTensor 2.38 misses), or it differs at saturating
+    points.  (The rewrites work in place: on a copy, so
     that ``total`` stays PyMC's graph.)"""
     import pytensor
     from pymc.pytensorf import rewrite_pregrad
@@ -280,7 +282,7 @@ def gradient(total, wrt):
 
     if not wrt:
         return []
-    return pytensor.grad(rewrite_pregrad(clone_replace(total)).sum(), wrt)
+    return pytensor.grad(stabilized(rewrite_pregrad(clone_replace(total))).sum(), wrt)
 
 
 def row_inputs(terms):

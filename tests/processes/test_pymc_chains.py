@@ -181,8 +181,8 @@ def test_a_closed_session_is_named_at_the_next_evaluation():
 # ------------------------------------------------------------------ batcher
 @settings(max_examples=30, deadline=None)
 @given(threads=st.integers(1, 8), calls=st.integers(1, 12), failing=st.sets(st.integers(0, 95), max_size=4),
-       pause=st.sampled_from((0.0, 0.0005, 0.002)))
-def test_batcher_against_a_plain_model(threads, calls, failing, pause):
+       pause=st.sampled_from((0.0, 0.0005, 0.002)), linger=st.sampled_from((0.0, 0.5, 3.0)))
+def test_batcher_against_a_plain_model(threads, calls, failing, pause, linger):
     runs = []
     pending = set()
     lock = threading.Lock()
@@ -197,7 +197,7 @@ def test_batcher_against_a_plain_model(threads, calls, failing, pause):
             raise ValueError("run of %s" % (points,))
         return [p * 10 for p in points]
 
-    b = Batcher(run)
+    b = Batcher(run, linger=linger)
     errors = []
 
     def chain(t):
@@ -225,12 +225,60 @@ def test_batcher_against_a_plain_model(threads, calls, failing, pause):
     assert sum(n * k for n, k in b.sizes.items()) == len(every)
 
 
-def test_a_point_asked_alone_runs_at_once():
-    b = Batcher(lambda points: [p + 1 for p in points])
+@pytest.mark.parametrize("linger", [0.0, 0.5])
+def test_a_point_asked_alone_runs_at_once(linger):
+    def run(points):
+        time.sleep(0.01)
+        return [p + 1 for p in points]
+
+    b = Batcher(run, linger=linger)
     t0 = time.monotonic()
-    assert [b.evaluate(i) for i in range(100)] == list(range(1, 101))
-    assert time.monotonic() - t0 < 1.0
-    assert b.sizes == {1: 100}
+    assert [b.evaluate(i) for i in range(50)] == list(range(1, 51))
+    assert time.monotonic() - t0 < 0.5 + 50 * 0.01, "no run waited for a chain"
+    assert b.sizes == {1: 50}
+
+
+def _chains(b, n_chains, calls, think_s=0.0, one_call=()):
+    def chain(t):
+        for i in range(1 if t in one_call else calls):
+            time.sleep(think_s)
+            b.evaluate(t * 1000 + i)
+
+    workers = [threading.Thread(target=chain, args=(t,)) for t in range(n_chains)]
+    t0 = time.monotonic()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    return time.monotonic() - t0
+
+
+def _slow_run(points):
+    time.sleep(0.004)
+    return list(points)
+
+
+def test_lingering_merges_chains_that_take_turns():
+    """Four chains that ask again at once: without lingering they settle into
+    groups that take turns; with it most runs hold all four points."""
+    b = Batcher(_slow_run, linger=0.5)
+    _chains(b, 4, 150)
+    in_runs_of_four = 4 * b.sizes[4] / sum(n * k for n, k in b.sizes.items())
+    assert in_runs_of_four > 0.7, dict(b.sizes)
+
+
+def test_lingering_waits_not_for_slow_thinkers_nor_stopped_chains():
+    """A chain that thinks longer than the linger (half a run, 2 ms) is not
+    waited for after its first time; a chain that stopped costs one wait."""
+    b = Batcher(_slow_run, linger=0.5)
+    fast = threading.Thread(target=lambda: [b.evaluate(i) for i in range(100)])
+    fast.start()
+    _chains(b, 1, 25, think_s=0.015)
+    fast.join(60)
+    assert b.lingered_s < 4 * 0.002, "waited %.3f s for the slow chain" % b.lingered_s
+    b = Batcher(_slow_run, linger=0.5)
+    _chains(b, 3, 100, one_call={1, 2})
+    assert b.lingered_s < 2 * 0.002, "waited %.3f s for stopped chains" % b.lingered_s
 
 
 _DEFAULT_LINKER = """

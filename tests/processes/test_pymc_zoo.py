@@ -187,6 +187,47 @@ def test_logp_and_gradient_equal_pymcs(session, make, batch):
     assert_same_density(model, split)
 
 
+def _batched_graph_values(model, on_gpu, shifts=(0.0, 0.1, -0.05)):
+    """The ranks' batched graph of ``model`` (for GPU ranks or CPU ranks) at
+    the initial point shifted by each of ``shifts``; and its graph.  (Run by
+    PyTensor's Python linker: PyTensor's JAX mode alone, without the ranks'
+    static shapes, fails on some of these graphs at random.)"""
+    import pytensor
+
+    from synkhronos.pymc._checks import parameter_checks
+    from synkhronos.pymc._model import _batched, _observed
+    from synkhronos.pymc._terms import _initial_params, find_terms, row_count, rows_of, worker_graph
+
+    chosen = _observed(model, None)
+    n = row_count(model, chosen)
+    terms = find_terms(model, [rv for rv in chosen if rows_of(model, rv) == n], n)
+    params, data, shareds, total, grads = worker_graph(terms)
+    for shared, value in zip(shareds, terms.row_values):
+        shared.set_value(value)
+    stacked, outputs = _batched(params, parameter_checks([total] + grads, True), total, True, on_gpu)
+    fn = pytensor.function(stacked + data, outputs, mode=pytensor.compile.mode.Mode("py", "fast_run"))
+    start = _initial_params(model, terms.params)
+    points = [np.stack([p + s if p.dtype.kind == "f" else p for s in shifts]) for p in start]
+    return [np.asarray(o) for o in fn(*points, *[d.get_value() for d in terms.data])], outputs
+
+
+@pytest.mark.parametrize("make", [m for m in MODELS if m not in UNBATCHED] + [lambda: logistic(N)],
+                         ids=lambda f: getattr(f, "__name__", "logistic").replace("<lambda>", "logistic"))
+def test_the_gpu_ranks_batched_graph_gives_the_same_values(make):
+    """GPU ranks' batched graph writes products with a few features out
+    (``synkhronos.pymc._products``): the CPU ranks' values at three points."""
+    from pytensor.graph.traversal import apply_ancestors
+    from pytensor.tensor.math import Dot
+
+    model = make()
+    want, _ = _batched_graph_values(model, on_gpu=False)
+    got, outputs = _batched_graph_values(model, on_gpu=True)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    if make.__name__ == "<lambda>":  # the logistic regression's design matrix
+        assert not [n for n in apply_ancestors(outputs) if isinstance(n.op, Dot)], "products written out"
+
+
 def test_missing_values_split_the_observed_rows_and_keep_the_imputed_ones(session):
     """PyMC imputes missing observed values: the observed rows split, the
     imputed ones stay free variables of the copy, and the whole variable (a

@@ -14,6 +14,7 @@ from pytensor.graph.rewriting.basic import in2out
 from pytensor.graph.traversal import apply_ancestors
 from pytensor.scalar.basic import Exp, Switch
 from pytensor.scalar.math import Sigmoid
+from pytensor.tensor.basic import Alloc
 from pytensor.tensor.elemwise import CAReduce
 
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
@@ -35,9 +36,26 @@ def _nodes(out, kind):
     return [n for n in apply_ancestors([out]) if isinstance(getattr(n.op, "scalar_op", None), kind)]
 
 
-def _summed_switches(out):
-    return [n for n in apply_ancestors([out]) if isinstance(n.op, CAReduce) and n.inputs[0].owner is not None
-            and isinstance(getattr(n.inputs[0].owner.op, "scalar_op", None), Switch)]
+def _switch_under(var):
+    """The switch that ``var`` is, or that an Alloc broadcasts (as vectorized graphs have it)."""
+    node = var.owner
+    if node is not None and isinstance(node.op, Alloc):
+        node = node.inputs[0].owner
+    return node if node is not None and isinstance(getattr(node.op, "scalar_op", None), Switch) else None
+
+
+def _summed_switches(out, same_for_every_row=False):
+    """The sums of a switch; with ``same_for_every_row``, only those whose
+    condition is the same along the summed axes (what ``summed_checks`` takes)."""
+    found = []
+    for n in apply_ancestors([out]):
+        switch = _switch_under(n.inputs[0]) if isinstance(n.op, CAReduce) else None
+        if switch is None:
+            continue
+        axes = range(n.inputs[0].ndim) if n.op.axis is None else n.op.axis
+        if not same_for_every_row or all(switch.inputs[0].type.broadcastable[a] for a in axes):
+            found.append(n)
+    return found
 
 
 # --------------------------------------------------------------- bounded_checks
@@ -86,16 +104,20 @@ def test_other_comparisons_are_left_as_they_were(name):
 
 
 # ---------------------------------------------------------------- summed_checks
-def _check_sum(fill, axis=1):
-    """sum over ``axis`` of switch(ok, x, fill), ``ok`` one per point (K, 1)."""
+def _check_sum(fill, axis=1, alloc=False):
+    """sum over ``axis`` of switch(ok, x, fill), ``ok`` one per point (K, 1);
+    with ``alloc`` the switch broadcast to x's shape first, as PyTensor's
+    vectorized graphs have it."""
     ok, x = pt.matrix("ok", dtype="bool", shape=(None, 1)), pt.matrix("x")
-    return ok, x, pt.sum(pt.switch(ok, x, fill), axis=axis)
+    checked = pt.switch(ok, x, fill)
+    return ok, x, pt.sum(pt.alloc(checked, *x.shape) if alloc else checked, axis=axis)
 
 
 @pytest.mark.parametrize("fill", [-np.inf, 0.0])
 @pytest.mark.parametrize("rows", [0, 1, 5])
-def test_a_sum_of_a_checked_term_checks_its_sum_with_the_same_values(fill, rows):
-    ok, x, out = _check_sum(fill)
+@pytest.mark.parametrize("alloc", [False, True])
+def test_a_sum_of_a_checked_term_checks_its_sum_with_the_same_values(fill, rows, alloc):
+    ok, x, out = _check_sum(fill, alloc=alloc)
     new, inputs = _rewritten(summed_checks, out, [ok, x])
     assert _summed_switches(new) == [], "the switch is outside the sum"
     rng = np.random.default_rng(rows)
@@ -146,7 +168,8 @@ def test_the_bernoullis_batched_graph_gets_both_rewrites():
     assert compared_sigmoids(logp)
     params, (batched,) = _batched([b_value], [logp], total, True)
     assert params[0] is not b_value, "the graph was batched"
-    assert not compared_sigmoids(batched) and not _summed_switches(batched)
+    assert not compared_sigmoids(batched) and not _summed_switches(batched, same_for_every_row=True)
+    assert _summed_switches(batched), "the check of the observed values differs by row: left as it was"
 
 
 # ----------------------------------------------------------- property tests
@@ -168,18 +191,23 @@ def checked_sums(draw):
     ok = draw(hnp.arrays(bool, ok_shape))
     x = draw(hnp.arrays(np.float64, shape, elements=EXACT))
     fill = draw(st.sampled_from([-np.inf, 0.0]))
-    return ok, x, fill, summed or None
+    # Broadcast by an Alloc (a vectorized graph's) to a shape larger along x's 1s, or not.
+    grown = draw(st.none() | st.tuples(*[st.integers(1, 3) if n == 1 else st.just(n) for n in shape]))
+    return ok, x, fill, summed or None, grown
 
 
 @settings(max_examples=80, deadline=None)
 @given(checked_sums())
 def test_summed_checks_keep_every_value(case):
     """Against the graph as written, on every shape, axes and values drawn."""
-    okv, xv, fill, axis = case
+    okv, xv, fill, axis, grown = case
     static = tuple(1 if a != b else None for a, b in zip(okv.shape, xv.shape))  # ok broadcasts there
+    if grown is not None:  # an Alloc broadcasts only what is known to have length 1
+        static = tuple(1 if n == 1 else None for n in okv.shape)
     ok = pt.tensor("ok", dtype="bool", shape=static)
-    x = pt.tensor("x", dtype="float64", shape=(None,) * xv.ndim)
-    out = pt.sum(pt.switch(ok, x, fill), axis=axis)
+    x = pt.tensor("x", dtype="float64", shape=tuple(1 if grown and n == 1 else None for n in xv.shape))
+    checked = pt.switch(ok, x, fill)
+    out = pt.sum(checked if grown is None else pt.alloc(checked, *grown), axis=axis)
     new, inputs = _rewritten(summed_checks, out, [ok, x])
     want = pytensor.function([ok, x], out, mode=PLAIN)(okv, xv)
     np.testing.assert_array_equal(pytensor.function(inputs, new, mode=PLAIN)(okv, xv), want)

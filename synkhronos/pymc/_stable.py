@@ -1,0 +1,57 @@
+"""The log-density stabilized before it is differentiated, as PyTensor 3 does it.
+
+PyMC differentiates a log-density after PyTensor's canonicalize and stabilize
+(``rewrite_pregrad``).  PyTensor 2.38's canonicalize writes ``-x`` as
+``-1 * x``, which hides a Bernoulli's ``log1p(-sigmoid(eta))`` from the
+stabilize rule that makes it ``-softplus(eta)``: its gradient then is
+``-s(1 - s) / (1 - s)``, NaN where ``s`` rounds to 1 (``eta`` above 37), and a
+GPU rank computes it slower.  PyTensor 3.3 gives ``-softplus(eta)``, whose
+gradient is ``-s``; ``log1p_minus_sigmoid`` is its rule for ``-1 * x``.
+"""
+
+from pytensor.graph.rewriting.basic import node_rewriter
+from pytensor.scalar.basic import Log1p, Mul
+from pytensor.scalar.math import Sigmoid
+from pytensor.tensor.basic import get_underlying_scalar_constant_value
+from pytensor.tensor.elemwise import Elemwise
+
+from ._graphs import rewritten
+
+__all__ = ["log1p_minus_sigmoid", "stabilized"]
+
+
+def _elemwise(var, scalar_op):
+    node = var.owner
+    if node is not None and isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, scalar_op):
+        return node
+    return None
+
+
+def _is_minus_one(var):
+    try:
+        return float(get_underlying_scalar_constant_value(var)) == -1.0
+    except Exception:  # not a constant, or not one value
+        return False
+
+
+@node_rewriter([Elemwise])
+def log1p_minus_sigmoid(fgraph, node):
+    """``log1p(-1 * sigmoid(x))`` as ``-softplus(x)``."""
+    import pytensor.tensor as pt
+
+    if not isinstance(node.op.scalar_op, Log1p):
+        return None
+    product = _elemwise(node.inputs[0], Mul)
+    if product is None or len(product.inputs) != 2:
+        return None
+    for minus_one, other in (product.inputs, product.inputs[::-1]):
+        sigmoid = _elemwise(other, Sigmoid)
+        if sigmoid is not None and _is_minus_one(minus_one):
+            out = pt.cast(-pt.softplus(sigmoid.inputs[0]), node.outputs[0].dtype)
+            return [out] if out.type == node.outputs[0].type else None
+    return None
+
+
+def stabilized(var):
+    """``var`` (rewritten in place) with ``log1p_minus_sigmoid`` applied."""
+    return rewritten([var], log1p_minus_sigmoid)[0]

@@ -1,0 +1,75 @@
+"""``synkhronos.pymc._products``: products with a few features, written as
+elementwise products and sums for the GPU ranks, keep every value (to the
+rounding of a sum in another order) and leave other products alone."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from pytensor.graph.traversal import apply_ancestors
+from pytensor.tensor.math import Dot
+
+pytest.importorskip("pymc")  # synkhronos.pymc needs it
+
+from synkhronos.pymc._products import FEW, feature_sums  # noqa: E402
+
+PLAIN = pytensor.compile.mode.Mode(optimizer=None)
+
+
+def _dots(outputs):
+    return [n for n in apply_ancestors(outputs) if isinstance(n.op, Dot)]
+
+
+def _product(a_static, b_static, dtype="float64"):
+    a = pt.tensor("a", dtype=dtype, shape=a_static)
+    b = pt.tensor("b", dtype=dtype, shape=b_static)
+    return a, b, pt.dot(a, b)
+
+
+# Which side is static and small: K points x d features against d x n rows
+# (summed over d), K x n against n x d rows (a sum per column), d x n against n x K.
+SIDES = {
+    "inner": lambda m, d, n: ((None, d), (d, None), (m, d), (d, n)),
+    "columns of b": lambda m, d, n: ((None, None), (None, d), (m, n), (n, d)),
+    "rows of a": lambda m, d, n: ((d, None), (None, None), (d, n), (n, m)),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(side=st.sampled_from(sorted(SIDES)), m=st.integers(0, 5), d=st.integers(1, FEW), n=st.integers(0, 40),
+       seed=st.integers(0, 2**16), dtype=st.sampled_from(["float64", "float32"]))
+def test_few_feature_products_keep_the_values(side, m, d, n, seed, dtype):
+    a_static, b_static, a_shape, b_shape = SIDES[side](m, d, n)
+    a, b, out = _product(a_static, b_static, dtype)
+    (new,) = feature_sums([out])
+    assert not _dots([new]), "the product is written out"
+    assert new.type == out.type
+    rng = np.random.default_rng(seed)
+    av, bv = rng.standard_normal(a_shape).astype(dtype), rng.standard_normal(b_shape).astype(dtype)
+    got = pytensor.function([a, b], new, mode=PLAIN)(av, bv)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(got, av.astype("float64") @ bv.astype("float64"), rtol=tol, atol=tol * d)
+
+
+@settings(max_examples=30, deadline=None)
+@given(hnp.arrays(np.float64, (3, 4), elements=st.sampled_from([np.nan, np.inf, -np.inf, 0.0, 1.0, -2.5])))
+def test_nan_and_infinities_propagate_as_in_the_product(av):
+    a, b, out = _product((None, 4), (4, None))
+    (new,) = feature_sums([out])
+    bv = np.array([[1.0, 0.0], [2.0, -1.0], [0.5, 3.0], [-1.0, 1.0]])
+    want = pytensor.function([a, b], out, mode=PLAIN)(av, bv)
+    got = pytensor.function([a, b], new, mode=PLAIN)(av, bv)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize("a_static, b_static", [
+    ((None, None), (None, None)),  # no static side
+    ((None, FEW + 1), (FEW + 1, None)),  # more features than FEW
+    ((None, 0), (0, None)),  # none at all
+])
+def test_other_products_are_left_alone(a_static, b_static):
+    _, _, out = _product(a_static, b_static)
+    assert len(_dots(feature_sums([out]))) == 1

@@ -24,10 +24,10 @@ from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.scalar.basic import GE, LE, Add, Exp, Switch
 from pytensor.scalar.math import Sigmoid
 from pytensor.tensor import cast, eq, invert, isnan, prod, squeeze, switch
-from pytensor.tensor.basic import Alloc, alloc, get_underlying_scalar_constant_value
+from pytensor.tensor.basic import Alloc, alloc
 from pytensor.tensor.elemwise import CAReduce, Elemwise
 
-from ._graphs import rewritten
+from ._graphs import rewritten, scalar_constant
 
 __all__ = ["bounded_checks", "parameter_checks", "ranks_checks", "summed_checks"]
 
@@ -51,13 +51,6 @@ def ranks_checks(outputs):
     return rewritten(outputs, summed_checks, bounded_checks)
 
 
-def _scalar_constant(var):
-    try:
-        return float(get_underlying_scalar_constant_value(var))
-    except Exception:  # not a constant, or not one value
-        return None
-
-
 @node_rewriter([CAReduce])
 def summed_checks(fgraph, node):
     """``sum(switch(ok, x, fill))`` over axes along which ``ok`` is the same, with
@@ -76,7 +69,7 @@ def summed_checks(fgraph, node):
     ok, x, fill = inner.inputs
     if shape is not None:
         x = alloc(x, *shape)
-    value = _scalar_constant(fill)
+    value = scalar_constant(fill)
     plus_zero = value == 0.0 and not np.signbit(value)  # a sum of -0.0s is -0.0, not 0
     axes = tuple(range(summed.ndim)) if node.op.axis is None else tuple(node.op.axis)
     if (not (plus_zero or value == -np.inf) or x.type != summed.type or not axes
@@ -112,7 +105,7 @@ def bounded_checks(fgraph, node):
         inner = var.owner
         if inner is None or not isinstance(inner.op, Elemwise) or type(inner.op.scalar_op) not in _RANGES:
             continue
-        bound = _scalar_constant(node.inputs[1 - side])
+        bound = scalar_constant(node.inputs[1 - side])
         x = inner.inputs[0]
         if bound is None or x.type.broadcastable != node.outputs[0].type.broadcastable:
             continue

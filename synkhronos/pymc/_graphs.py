@@ -1,10 +1,10 @@
 """Small helpers on PyTensor graphs that the term-finding modules share: the
-values of data in a graph, graphs rebuilt with parts replaced, and graphs
-rewritten by named rules."""
+values of data in a graph, graphs rebuilt with parts replaced, graphs
+rewritten by named rules, and the one value of a constant."""
 
 import numpy as np
 
-__all__ = ["leading", "value_of", "replaced", "rewritten"]
+__all__ = ["leading", "value_of", "replaced", "rewritten", "scalar_constant"]
 
 
 def leading(var):
@@ -43,3 +43,14 @@ def rewritten(outputs, *rules):
     fgraph = FunctionGraph(outputs=outputs, clone=False)
     in2out(*rules).rewrite(fgraph)
     return list(fgraph.outputs)
+
+
+def scalar_constant(var):
+    """The one value of constant ``var`` (a scalar, or filled with one value), as
+    a float; None if it is not a constant or holds several values."""
+    from pytensor.tensor.basic import get_underlying_scalar_constant_value
+
+    try:
+        return float(get_underlying_scalar_constant_value(var))
+    except Exception:  # not a constant, or not one value
+        return None

@@ -12,10 +12,9 @@ gradient is ``-s``; ``log1p_minus_sigmoid`` is its rule for ``-1 * x``.
 from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.scalar.basic import Log1p, Mul
 from pytensor.scalar.math import Sigmoid
-from pytensor.tensor.basic import get_underlying_scalar_constant_value
 from pytensor.tensor.elemwise import Elemwise
 
-from ._graphs import rewritten
+from ._graphs import rewritten, scalar_constant
 
 __all__ = ["log1p_minus_sigmoid", "stabilized"]
 
@@ -25,13 +24,6 @@ def _elemwise(var, scalar_op):
     if node is not None and isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, scalar_op):
         return node
     return None
-
-
-def _is_minus_one(var):
-    try:
-        return float(get_underlying_scalar_constant_value(var)) == -1.0
-    except Exception:  # not a constant, or not one value
-        return False
 
 
 @node_rewriter([Elemwise])
@@ -46,7 +38,7 @@ def log1p_minus_sigmoid(fgraph, node):
         return None
     for minus_one, other in (product.inputs, product.inputs[::-1]):
         sigmoid = _elemwise(other, Sigmoid)
-        if sigmoid is not None and _is_minus_one(minus_one):
+        if sigmoid is not None and scalar_constant(minus_one) == -1.0:
             out = pt.cast(-pt.softplus(sigmoid.inputs[0]), node.outputs[0].dtype)
             return [out] if out.type == node.outputs[0].type else None
     return None

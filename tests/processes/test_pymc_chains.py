@@ -235,6 +235,7 @@ def test_a_point_asked_alone_runs_at_once(linger):
     t0 = time.monotonic()
     assert [b.evaluate(i) for i in range(50)] == list(range(1, 51))
     assert time.monotonic() - t0 < 0.5 + 50 * 0.01, "no run waited for a chain"
+    assert b.lingered_s < 50 * 0.0005, "a lone caller is never waited for (half a run would be 5 ms a call)"
     assert b.sizes == {1: 50}
 
 

@@ -449,12 +449,11 @@ def sampling(args):
                      jx["four"]["ms"], jx["one"]["host_ms"], jx["four"]["host_ms"]), flush=True)
         methods = [("default", "numpyro")] * ("numpyro" in parts)
         methods += [("vectorized", "numpyro vectorized")] * bool(parts & {"numpyro", "numpyro-vectorized"})
-        if methods:
-            for method, label in methods:
-                res = _child(args, kind, "--_numpyro", method)
-                plain[label] = (res["seconds"], res["summary"], res["steps"])
-                print("  %s on %s (x64 %s, %s): %.1f s" % (label, ", ".join(res["devices"]), res["x64"],
-                                                        res["dtype"], res["seconds"]), flush=True)
+        for method, label in methods:
+            res = _child(args, kind, "--_numpyro", method)
+            plain[label] = (res["seconds"], res["summary"], res["steps"])
+            print("  %s on %s (x64 %s, %s): %.1f s" % (label, ", ".join(res["devices"]), res["x64"],
+                                                    res["dtype"], res["seconds"]), flush=True)
         if plain_cpu and "pymc" in parts:
             plain["pm.sample"] = _pm_sample(model, args)
             print("  pm.sample, plain model: %.1f s" % plain["pm.sample"][0], flush=True)

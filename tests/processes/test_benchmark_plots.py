@@ -142,6 +142,8 @@ def test_jax_batched_forms_agree_and_write_png(tmp_path):
     records = payload["records"]
     assert len(records) == 2 * 6 and all(r["rel_err"] < 1e-12 for r in records), records
     assert os.path.getsize(out[:-5] + ".png") > 10_000
+
+
 def test_mpi_collectives_writes_png(tmp_path):
     """Runs for real at its smallest settings: raw mpi4py, synk under mpirun, synk on one host."""
     from _mpirun import MPIRUN
@@ -159,6 +161,7 @@ def test_mpi_collectives_writes_png(tmp_path):
     _check_png(out[:-5] + ".png", "mpi_collectives")
 
 
+# ----------------------------------------------- GPU benchmarks, made-up timings
 def _collectives_payload():
     mod = _script("collectives")
     n, sizes = 8, [mb * 2**20 for mb in (1, 16, 64, 256, 1024)]

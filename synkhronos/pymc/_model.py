@@ -16,6 +16,7 @@ from ._graphs import rewritten
 from ._op import Evaluator, RowsLogp, register_backends
 from ._potentials import row_potentials
 from ._products import feature_sums
+from ._softplus import with_one_exp_softplus
 from ._terms import _continuous, check_rowwise, find_terms, gradient, row_count, rows_of, worker_graph
 
 __all__ = ["data_parallel"]
@@ -160,9 +161,10 @@ def _distributed_op(terms, batch, check_bounds):
     single = parameter_checks([total] + grads, check_bounds)
     if batch is None:
         batch = _jax_compiles(single)
-    on_gpu = runtime.require().device.name == "gpu"
-    built = batch and _batched(params, single, total, check_bounds, on_gpu)
+    built = batch and _batched(params, single, total, check_bounds)
     batched_params, outputs = built or (params, single)
+    if runtime.require().device.name == "gpu":
+        outputs = _gpu_forms(outputs)
     try:
         _check_sendable(terms, outputs)
     except ValueError:
@@ -196,7 +198,7 @@ def _distribute(fn, terms):
                          "out of observed= to compute it in this process" % (terms.names(), exc)) from exc
 
 
-def _batched(params, single, total, check_bounds, on_gpu=False):
+def _batched(params, single, total, check_bounds):
     """``(inputs, outputs)`` of the terms evaluated at several points at once:
     each parameter gains a leading axis of points, and each output one value
     (or gradient) per point, so that a rank reads its rows once for all points.
@@ -207,9 +209,7 @@ def _batched(params, single, total, check_bounds, on_gpu=False):
     products (a GLM's); otherwise ``total`` (the log-density, checks not
     compiled) vectorized and differentiated, which batches more graphs (varying
     slopes, say) but gives 0, not PyMC's value, for the gradient at a point out of
-    a parameter's domain, and ran slower on a GPU (docs page "PyMC").  For
-    GPU ranks (``on_gpu``), products with a few features written out
-    (``_products``)."""
+    a parameter's domain, and ran slower on a GPU (docs page "PyMC")."""
     import pytensor.tensor as pt
     from pytensor.graph.replace import vectorize_graph
 
@@ -227,10 +227,18 @@ def _batched(params, single, total, check_bounds, on_gpu=False):
         looped = _looped(outputs)
         if not looped:
             outputs = ranks_checks(outputs)
-            return stacked, feature_sums(outputs) if on_gpu else outputs
+            return stacked, outputs
         why = "no batched form of %s" % ", ".join(looped)
     logger.info("synkhronos.pymc: one point at a time on the ranks (%s)", why)
     return None
+
+
+def _gpu_forms(outputs):
+    """``outputs`` as GPU ranks compute them fastest: products with a few
+    features written out (``_products``), softplus with one exponential
+    (``_softplus``).  The same values; XLA fuses these forms into fewer passes
+    over the rows."""
+    return with_one_exp_softplus(feature_sums(outputs))
 
 
 def _differentiated(batched, params, stacked, check_bounds):

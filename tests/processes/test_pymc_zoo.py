@@ -195,7 +195,7 @@ def _batched_graph_values(model, on_gpu, shifts=(0.0, 0.1, -0.05)):
     import pytensor
 
     from synkhronos.pymc._checks import parameter_checks
-    from synkhronos.pymc._model import _batched, _observed
+    from synkhronos.pymc._model import _batched, _gpu_forms, _observed
     from synkhronos.pymc._terms import _initial_params, find_terms, row_count, rows_of, worker_graph
 
     chosen = _observed(model, None)
@@ -204,7 +204,8 @@ def _batched_graph_values(model, on_gpu, shifts=(0.0, 0.1, -0.05)):
     params, data, shareds, total, grads = worker_graph(terms)
     for shared, value in zip(shareds, terms.row_values):
         shared.set_value(value)
-    stacked, outputs = _batched(params, parameter_checks([total] + grads, True), total, True, on_gpu)
+    stacked, outputs = _batched(params, parameter_checks([total] + grads, True), total, True)
+    outputs = _gpu_forms(outputs) if on_gpu else outputs
     fn = pytensor.function(stacked + data, outputs, mode=pytensor.compile.mode.Mode("py", "fast_run"))
     start = _initial_params(model, terms.params)
     points = [np.stack([p + s if p.dtype.kind == "f" else p for s in shifts]) for p in start]
@@ -215,17 +216,25 @@ def _batched_graph_values(model, on_gpu, shifts=(0.0, 0.1, -0.05)):
                          ids=lambda f: getattr(f, "__name__", "logistic").replace("<lambda>", "logistic"))
 def test_the_gpu_ranks_batched_graph_gives_the_same_values(make):
     """GPU ranks' batched graph writes products with a few features out
-    (``synkhronos.pymc._products``): the CPU ranks' values at three points."""
+    (``synkhronos.pymc._products``) and softplus with one exponential
+    (``_softplus``): the CPU ranks' values at three points."""
     from pytensor.graph.traversal import apply_ancestors
+    from pytensor.scalar.math import Softplus
     from pytensor.tensor.math import Dot
+
+    from synkhronos.pymc._softplus import OneExpSoftplus
 
     model = make()
     want, _ = _batched_graph_values(model, on_gpu=False)
     got, outputs = _batched_graph_values(model, on_gpu=True)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
-    if make.__name__ == "<lambda>":  # the logistic regression's design matrix
-        assert not [n for n in apply_ancestors(outputs) if isinstance(n.op, Dot)], "products written out"
+    if make.__name__ == "<lambda>":  # the logistic regression's design matrix, its Bernoulli
+        nodes = list(apply_ancestors(outputs))
+        assert not [n for n in nodes if isinstance(n.op, Dot)], "products written out"
+        scalar_ops = [getattr(n.op, "scalar_op", None) for n in nodes]
+        softplus = {type(op) for op in scalar_ops if isinstance(op, Softplus)}
+        assert softplus == {OneExpSoftplus}, softplus
 
 
 def test_missing_values_split_the_observed_rows_and_keep_the_imputed_ones(session):

@@ -50,6 +50,7 @@ __all__ = [
     "plot_cpu_scaling",
     "plot_gpu_scaling",
     "plot_mpi_collectives",
+    "plot_pymc_likelihood",
     "plot_resnet50_profile",
     "plot_resnet50_scaling",
     "plot_soak",
@@ -59,6 +60,14 @@ __all__ = [
 
 INSTALL_HINT = "pip install matplotlib"
 
+
+def plot_pymc_likelihood(payload, png):
+    """What ``pymc_likelihood.py`` draws (imported here only when asked: it is a script)."""
+    from pymc_likelihood import plot
+
+    return plot(payload, png)
+
+
 PLOTTERS = {
     "bf16_loss_curve": plot_bf16_loss_curve,
     "call_overhead": plot_call_overhead,
@@ -67,6 +76,7 @@ PLOTTERS = {
     "cpu_scaling": plot_cpu_scaling,
     "gpu_scaling": plot_gpu_scaling,
     "mpi_collectives": plot_mpi_collectives,
+    "pymc_likelihood": plot_pymc_likelihood,
     "resnet50_profile": plot_resnet50_profile,
     "resnet50_scaling": plot_resnet50_scaling,
     "soak": plot_soak,

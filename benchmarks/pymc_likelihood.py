@@ -554,7 +554,13 @@ def _jax_rows(kind, args, jx, per_eval, ref, batched):
 
 
 # ------------------------------------------------------------------ picture
-def draw(records, sampled, jax_rows, png):
+def plot(payload, png):
+    """The picture of a results file this script wrote (``benchmarks/plot.py``)."""
+    draw(payload["likelihood"], payload["sampling"], payload["jax_per_eval"], png, payload["machine"])
+    return png
+
+
+def draw(records, sampled, jax_rows, png, machine=None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -582,8 +588,12 @@ def draw(records, sampled, jax_rows, png):
             _draw_sampling(next(axes_lower), sampled)
         if jax_rows:
             _draw_jax(next(axes_lower), jax_rows)
-    fig.suptitle("PyMC logp+dlogp per evaluation and sampling, float64 both sides (%d usable cores)"
-                 % usable_cores(), fontsize=10)
+    machine = machine or {}
+    where = "%d usable cores" % machine.get("usable_cores", usable_cores())
+    if machine.get("gpu_name"):
+        where = "%s, %s" % (machine["gpu_name"], where)
+    fig.suptitle("PyMC logp+dlogp per evaluation and sampling, float64 both sides (%s; PyMC %s, PyTensor %s)"
+                 % (where, machine.get("pymc"), machine.get("pytensor")), fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
@@ -721,10 +731,10 @@ def main(argv=None):
     out = args.out or default_out(__file__)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
-        json.dump(dict(machine=info, args=vars(args), likelihood=records, sampling=sampled,
-                       jax_per_eval=jax_rows), f, indent=1)
+        json.dump(dict(benchmark="pymc_likelihood", machine=info, args=vars(args), likelihood=records,
+                       sampling=sampled, jax_per_eval=jax_rows), f, indent=1)
     png = os.path.splitext(out)[0] + ".png"
-    draw(records, sampled, jax_rows, png)
+    draw(records, sampled, jax_rows, png, info)
     print("wrote %s and %s" % (out, png))
 
 

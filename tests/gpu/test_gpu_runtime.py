@@ -40,6 +40,23 @@ def test_default_fork_uses_every_gpu(caplog):
         synk.close()
 
 
+def test_one_gpu_blocks_on_its_device_instead_of_polling():
+    """With no workers there is nothing to watch while the master waits on its
+    GPU: no hook, so it blocks on the event (a hook makes it poll and sleep)."""
+    from synkhronos._session import runtime
+
+    synk.fork(1, use_gpu=True)
+    try:
+        assert runtime.require().device.wait_hook is None
+        x = pt.vector("x", dtype="float32")
+        f = synk.function([x], outputs=(x * x).sum())
+        synk.distribute()
+        v = np.linspace(-1, 1, 1_000_003, dtype="float32")
+        np.testing.assert_allclose(f(v), (v.astype("float64") ** 2).sum(), rtol=1e-5)
+    finally:
+        synk.close()
+
+
 def test_values_stay_on_device_and_master_sees_numpy(gpu2):
     import jax
 

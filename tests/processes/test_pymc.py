@@ -215,6 +215,11 @@ def test_benchmark_runs_at_its_smallest_and_writes_json_and_png(tmp_path):
                    for r in result["jax_per_eval"])
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     assert "speedup" in proc.stdout and "max |dmean|/sd" in proc.stdout
+    assert result["benchmark"] == "pymc_likelihood"  # benchmarks/plot.py redraws it
+    (tmp_path / "b.png").unlink()
+    redraw = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "plot.py"), str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert redraw.returncode == 0 and (tmp_path / "b.png").is_file(), redraw.stderr
 
 
 MPI_SCRIPT = """

@@ -274,9 +274,8 @@ class Runtime:
             n, m = self.n_parallel, self.master_rank
             self.dispatcher.request(CommInit(uid), local=lambda: self.device.init_comm(n, m, uid))
             # The hook watches the workers while the master waits on its device.  With
-            # none (one GPU) it blocks on the device instead: one wake-up, where polling
-            # gave up the GIL at every sleep (the threads serving pm.sample's chains then
-            # held up the master's runs; see the docs page "PyMC").
+            # none (one GPU) there is nothing to watch: it blocks on the device, one
+            # wake-up instead of polls and sleeps (docs page "PyMC", Chains, measured it).
             self.device.wait_hook = self.dispatcher.check_posted if self.dispatcher.workers else None
             logger.debug("collective communicator of %d ranks ready after %.2f s", self.n_parallel,
                          time.monotonic() - t0)

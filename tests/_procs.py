@@ -7,8 +7,8 @@ import tempfile
 import time
 
 __all__ = ["distribute_unhurried", "SHM_DIR", "segments", "session_names", "proc_stat", "proc_exists",
-           "worker_children", "our_segments", "orphaned_segments", "our_tmpdirs", "socket_inodes",
-           "Leftovers"]
+           "worker_children", "our_segments", "orphaned_segments", "new_orphans", "our_tmpdirs",
+           "socket_inodes", "Leftovers"]
 
 SHM_DIR = "/dev/shm"
 
@@ -59,6 +59,20 @@ def orphaned_segments():
         if match and proc_stat(int(match.group(2))) is None:
             left.add(name)
     return left
+
+
+def new_orphans(before, grace_s=15.0):
+    """Orphaned segments (``orphaned_segments``) not in ``before`` that are still
+    there after up to ``grace_s`` seconds: what a finished run leaked.  When a
+    master dies its workers remove the session on their next look (``worker.
+    _watch_master``): a session that a test running beside this one kills leaves
+    orphans for that moment, which must not count here."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = orphaned_segments() - set(before)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def our_tmpdirs():

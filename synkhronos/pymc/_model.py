@@ -161,10 +161,7 @@ def _distributed_op(terms, batch, check_bounds):
     single = parameter_checks([total] + grads, check_bounds)
     if batch is None:
         batch = _jax_compiles(single)
-    built = batch and _batched(params, single, total, check_bounds)
-    batched_params, outputs = built or (params, single)
-    if runtime.require().device.name == "gpu":
-        outputs = _gpu_forms(outputs)
+    batched_params, outputs = (batch and _batched(params, single, total, check_bounds)) or (params, single)
     try:
         _check_sendable(terms, outputs)
     except ValueError:
@@ -172,6 +169,8 @@ def _distributed_op(terms, batch, check_bounds):
             raise
         batched_params, outputs = params, single  # a part that pickles only unbatched
         _check_sendable(terms, outputs)
+    if runtime.require().device.name == "gpu":
+        outputs = _gpu_forms(outputs)  # (our own Ops and PyTensor's: they pickle)
     batched = batched_params is not params
     fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=batched_params + data,
                             name="pymc rows of %s" % terms.names())
@@ -226,8 +225,7 @@ def _batched(params, single, total, check_bounds):
     else:
         looped = _looped(outputs)
         if not looped:
-            outputs = ranks_checks(outputs)
-            return stacked, outputs
+            return stacked, ranks_checks(outputs)
         why = "no batched form of %s" % ", ".join(looped)
     logger.info("synkhronos.pymc: one point at a time on the ranks (%s)", why)
     return None

@@ -25,7 +25,8 @@ import numpy as np
 from _common import default_out, gpu_name, machine_info, median, print_machine, table, write_json
 
 FEATURES = 5
-FORMS = ("vmap", "rows_dot", "rows_sums", "columns_dot", "columns_sums", "columns_sums_by_hand")
+FORMS = ("vmap", "rows_dot", "rows_sums", "columns_dot", "columns_sums", "columns_sums_by_hand",
+         "rows_sums_pymc_by_hand", "rows_sums_numpyro_by_hand")
 DESCRIPTIONS = {
     "vmap": "jax.vmap(jax.value_and_grad(logp)), rows as stored (row-major)",
     "rows_dot": "all K points as one matrix product X @ B, gradient by hand (X^T R)",
@@ -33,6 +34,9 @@ DESCRIPTIONS = {
     "columns_dot": "rows stored feature by feature (X^T), B @ X^T, gradient by JAX",
     "columns_sums": "feature-by-feature rows, sums of per-feature products, gradient by JAX",
     "columns_sums_by_hand": "feature-by-feature rows, sums of per-feature products, gradient by hand",
+    "rows_sums_pymc_by_hand": "rows as stored, K x n sums as the GPU rank's graph, PyMC's Bernoulli "
+                              "(a switch on y of softplus(-eta) and softplus(eta)), gradient by hand",
+    "rows_sums_numpyro_by_hand": "the same, numpyro's Bernoulli (y eta - softplus(eta)), gradient by hand",
 }
 
 
@@ -73,6 +77,20 @@ def _forms(jax, jnp):
         g = jnp.stack([jnp.sum(r * xt[j][None], 1) for j in range(d)] + [jnp.sum(r, 1)], 1)
         return lp, g - q
 
+    def rows_sums_by_hand(q, x, y, pymc):
+        eta = q[:, d, None]
+        for j in range(d):
+            eta = eta + q[:, j, None] * x[:, j][None, :]
+        one = (y == 1)[None, :]
+        if pymc:  # the terms PyMC's graph holds once stabilized, each branch computed
+            terms = jnp.where(one, -softplus(-eta), -softplus(eta))
+            r = jnp.where(one, sigmoid(-eta), -sigmoid(eta))
+        else:
+            terms = y[None] * eta - softplus(eta)
+            r = y[None] - sigmoid(eta)
+        g = jnp.stack([jnp.sum(r * x[:, j][None], 1) for j in range(d)] + [jnp.sum(r, 1)], 1)
+        return jnp.sum(-0.5 * q ** 2, 1) + jnp.sum(terms, 1), g - q
+
     def with_grad(f):
         return lambda q, data, y: (f(q, data, y), jax.grad(lambda q: f(q, data, y).sum())(q))
 
@@ -83,6 +101,8 @@ def _forms(jax, jnp):
         "columns_dot": (jax.jit(with_grad(lambda q, xt, y: by_columns(q, xt, y, False)[1])), True),
         "columns_sums": (jax.jit(with_grad(lambda q, xt, y: by_columns(q, xt, y, True)[1])), True),
         "columns_sums_by_hand": (jax.jit(columns_sums_by_hand), True),
+        "rows_sums_pymc_by_hand": (jax.jit(lambda q, x, y: rows_sums_by_hand(q, x, y, True)), False),
+        "rows_sums_numpyro_by_hand": (jax.jit(lambda q, x, y: rows_sums_by_hand(q, x, y, False)), False),
     }
 
 

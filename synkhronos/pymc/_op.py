@@ -162,9 +162,10 @@ class RowsLogp(Op):
 _JAX_REFUSAL = (
     "%s: the data-parallel terms of a synkhronos.pymc.data_parallel model run on the Synkhronos ranks "
     "through this process, which JAX-based samplers (pm.sample(nuts_sampler='numpyro' or 'blackjax'), "
-    "jax.jit of the model's log-density) cannot call from compiled code. Sample the copy with PyMC's own "
-    "NUTS (pm.sample(), any cores and mp_ctx: every chain runs on the ranks) or with "
-    "nuts_sampler='nutpie'; for numpyro or blackjax, sample the original model")
+    "nutpie.compile_pymc_model(backend='jax'), jax.jit of the model's log-density) cannot call from "
+    "compiled code. Sample the copy with PyMC's own NUTS (pm.sample(), any cores and mp_ctx: every chain "
+    "runs on the ranks) or with nutpie's default backend (nuts_sampler='nutpie', or "
+    "nutpie.compile_pymc_model(model)); for numpyro or blackjax, sample the original model")
 
 
 def register_backends():

@@ -7,7 +7,9 @@ GPU compiles both as matrix products of one small side, which it does poorly
 (two points cost as much as two calls of one).  ``feature_sums`` writes each as
 ``d`` elementwise products: ``B @ X^T`` as ``sum_j B[:, j] X[:, j]^T``, fused
 with what reads it, and ``R @ X`` as one sum over the rows per feature, which
-XLA computes in one pass.  The same values, summed in another order (as a
+XLA computes in one pass.  Where the gradient has it as ``X^T @ R^T``, the sums
+run along ``R``'s own axis of rows, so that XLA reads ``R`` as it was written
+rather than transposed.  The same values, summed in another order (as a
 compiler may anyway).  See the docs page "PyMC" for what it measured.
 """
 
@@ -44,12 +46,30 @@ def few_feature_products(fgraph, node):
     elif _few(b.type.shape[1]):
         out = pt.stack([pt.sum(a * b[:, j][None, :], axis=1) for j in range(b.type.shape[1])], axis=1)
     elif _few(a.type.shape[0]):
-        out = pt.stack([pt.sum(a[i][:, None] * b, axis=0) for i in range(a.type.shape[0])], axis=0)
+        if _transposed(b):
+            out = pt.stack([pt.sum(a[i][None, :] * b.T, axis=1) for i in range(a.type.shape[0])], axis=0)
+        else:
+            out = pt.stack([pt.sum(a[i][:, None] * b, axis=0) for i in range(a.type.shape[0])], axis=0)
     else:
         return None
     if out.type.broadcastable != node.outputs[0].type.broadcastable:
         return None
     return [pt.cast(out, node.outputs[0].dtype)]
+
+
+def _transposed(var):
+    """Whether matrix ``var`` is its producer's value transposed, through any
+    chain of dimshuffles (the batched graph's hold axes of one point too)."""
+    from pytensor.tensor.elemwise import DimShuffle
+
+    axes = [0, 1]
+    while var.owner is not None and isinstance(var.owner.op, DimShuffle):
+        order = var.owner.op.new_order
+        if any(order[k] == "x" for k in axes):
+            return False
+        axes = [order[k] for k in axes]
+        var = var.owner.inputs[0]
+    return axes[0] > axes[1]
 
 
 def feature_sums(outputs):

@@ -140,7 +140,7 @@ def test_jax_batched_forms_agree_and_write_png(tmp_path):
         payload = json.load(f)
     assert payload["x64"] and payload["dtype"] == "float64"
     records = payload["records"]
-    assert len(records) == 2 * 6 and all(r["rel_err"] < 1e-12 for r in records), records
+    assert len(records) == 2 * 8 and all(r["rel_err"] < 1e-12 for r in records), records
     assert os.path.getsize(out[:-5] + ".png") > 10_000
 
 

@@ -117,10 +117,16 @@ def test_nutpie_chains_in_threads(models):
     assert np.all(np.isfinite(via_pymc.posterior["b"].values))
 
 
-@pytest.mark.parametrize("sampler", ["numpyro", "blackjax"])
+@pytest.mark.parametrize("sampler", ["numpyro", "blackjax", "nutpie's jax backend"])
 def test_jax_samplers_are_refused_with_the_way_forward(models, sampler):
     _, split = models
-    with split, pytest.raises(NotImplementedError, match=r"RowsLogp.*synkhronos\.pymc.*nutpie"):
+    way_forward = r"RowsLogp.*synkhronos\.pymc.*pm\.sample\(\).*nuts_sampler='nutpie'"
+    if sampler.startswith("nutpie"):
+        nutpie = pytest.importorskip("nutpie")
+        with pytest.raises(NotImplementedError, match=way_forward):
+            nutpie.compile_pymc_model(split, backend="jax")
+        return
+    with split, pytest.raises(NotImplementedError, match=way_forward):
         pm.sample(nuts_sampler=sampler, draws=10, tune=10, chains=1, progressbar=False)
 
 

@@ -9,12 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import apply_ancestors
+from pytensor.tensor.elemwise import DimShuffle
 from pytensor.tensor.math import Dot
 
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 
-from synkhronos.pymc._products import FEW, feature_sums  # noqa: E402
+from synkhronos.pymc._products import FEW, _transposed, feature_sums  # noqa: E402
 
 PLAIN = pytensor.compile.mode.Mode(optimizer=None)
 
@@ -92,17 +94,11 @@ def test_other_products_are_left_alone(a_static, b_static):
 def test_a_transposed_side_is_read_in_its_producers_layout():
     """``X^T @ R^T`` (a gradient's, R made by the pass over the rows) is summed
     along R's own last axis, with no transposition left for XLA to lay out."""
-    from pytensor.tensor.elemwise import DimShuffle
-
-    from synkhronos.pymc._products import _transposed
-
     c = pt.matrix("c")
     assert _transposed(c.T) and _transposed(_through_3d(c))
     assert not _transposed(c) and not _transposed(c.T.T) and not _transposed(c[None].dimshuffle(1, 2))
     a, _, out = _product((3, None), (None, None), b_form="transposed in 3-d")
     (new,) = feature_sums([out])
-    from pytensor.graph.rewriting.utils import rewrite_graph
-
     (merged,) = rewrite_graph([new], include=("canonicalize",))  # the dimshuffles merged, as the ranks' are
     swaps = [n for n in apply_ancestors([merged]) if isinstance(n.op, DimShuffle) and n.inputs[0].ndim == 2
              and [k for k in n.op.new_order if k != "x"] == [1, 0]]

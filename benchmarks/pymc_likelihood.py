@@ -411,6 +411,49 @@ def copy_per_eval(fast, args):
     return out
 
 
+def _run_points(fast, k):
+    """``k`` points as the batcher passes them to ``Evaluator._run``."""
+    from pymc.blocking import DictToArrayBijection, RaveledVars
+
+    node = fast.potentials[0].owner
+    q, layout = _point(fast)
+    op_inputs = fast.compile_fn(fast.replace_rvs_by_values(node.inputs), inputs=fast.value_vars,
+                                on_unused_input="ignore", point_fn=True)
+    qs = [q] if k == 1 else list(_four(q))[:k]
+    return [[np.asarray(v) for v in op_inputs(DictToArrayBijection.rmap(RaveledVars(p, layout)))] for p in qs]
+
+
+def kernel_on_off(model, fast, args):
+    """One run of the ranks (1 and 4 points) with the GPU ranks' rows kernel
+    (``fast``, the default) and without it (a second copy, built with
+    ``SYNKHRONOS_ROWS_KERNEL=0``), calls alternated: {points: (on ms, off ms)}."""
+    from synkhronos.pymc import data_parallel
+    from synkhronos.pymc._kernel import KERNEL_ENV
+
+    before = os.environ.get(KERNEL_ENV)
+    os.environ[KERNEL_ENV] = "0"
+    try:
+        off = data_parallel(model, batch=args.batch)
+    finally:
+        os.environ.pop(KERNEL_ENV) if before is None else os.environ.__setitem__(KERNEL_ENV, before)
+    out = {}
+    for k in (1, 4):
+        runs = [(c.potentials[0].owner.op.evaluator, _run_points(c, k)) for c in (fast, off)]
+        times = [[], []]
+        for ev, pts in runs:
+            ev._run(pts)
+        for _ in range(args.evals):
+            for i, (ev, pts) in enumerate(runs):
+                t0 = time.perf_counter()
+                ev._run(pts)
+                times[i].append(time.perf_counter() - t0)
+        on_off = [runs[i][0]._run(runs[i][1]) for i in (0, 1)]
+        err = max(abs(float(a[0]) / float(b[0]) - 1) for a, b in zip(*on_off))
+        assert err < 1e-9, "the rows kernel's logp differs from the batched graph's by %g" % err
+        out[k] = (1e3 * median(times[0]), 1e3 * median(times[1]))
+    return out
+
+
 def sampling(args):
     """The samplers on the plain model and the copy, same draws and seed, and
     the copy per evaluation against hand-written JAX.  ``(rows, jax_rows)``."""
@@ -477,6 +520,8 @@ def sampling(args):
                 print("  %s, copy: %.1f s, points:runs %s, runs waited for chains %.1f s"
                       % (name, copy[name][0], sizes[name], batcher.lingered_s - lingered), flush=True)
             per_eval = copy_per_eval(fast, args) if "jax-eval" in parts else None
+            if per_eval is not None and args.gpu:
+                per_eval["kernel"] = kernel_on_off(model, fast, args)
         finally:
             synk.close()
 
@@ -550,6 +595,12 @@ def _jax_rows(kind, args, jx, per_eval, ref, batched):
                         synk_ms=e["ms"], jax_over_synk=j["ms"] / e["ms"],
                         jax_host_over_synk=j["host_ms"] / e["ms"], batch_sizes=e["sizes"],
                         jax_first_call_s=j["first_call_s"]))
+    for points, (on, off) in sorted(per_eval.get("kernel", {}).items()):
+        j = jx["one" if points == 1 else "four"]
+        for label, ms in (("one run, rows kernel (default)", on), ("one run, rows kernel off", off)):
+            out.append(dict(common, points=points, copy_path=label, jax_ms=j["ms"], jax_host_ms=j["host_ms"],
+                            synk_ms=ms, jax_over_synk=j["ms"] / ms, jax_host_over_synk=j["host_ms"] / ms,
+                            batch_sizes={points: args.evals}, jax_first_call_s=j["first_call_s"]))
     return out
 
 

@@ -9,10 +9,12 @@ import numpy as np
 
 from .. import _api, _data, _function
 from .. import _collectives as _coll
+from .._common.env import env_flag
 from .._common.selections import split_bounds
 from .._session import runtime
 from ._checks import parameter_checks, ranks_checks
 from ._graphs import rewritten
+from ._kernel import KERNEL_ENV, kernel_compiles, rows_kernel
 from ._op import Evaluator, RowsLogp, register_backends
 from ._potentials import row_potentials
 from ._products import feature_sums
@@ -169,9 +171,11 @@ def _distributed_op(terms, batch, check_bounds):
             raise
         batched_params, outputs = params, single  # a part that pickles only unbatched
         _check_sendable(terms, outputs)
+    batched = batched_params is not params
     if runtime.require().device.name == "gpu":
         outputs = _gpu_forms(outputs)  # (our own Ops and PyTensor's: they pickle)
-    batched = batched_params is not params
+        if batched and env_flag(KERNEL_ENV, True):
+            outputs = _one_kernel(params, data, row_shareds, single, batched_params, outputs)
     fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=batched_params + data,
                             name="pymc rows of %s" % terms.names())
     _distribute(fn, terms)
@@ -182,6 +186,13 @@ def _distributed_op(terms, batch, check_bounds):
     route = runtime.require().service.route(evaluator.evaluate)
     register_backends()
     return RowsLogp(evaluator, route, terms.names(), total.dtype, continuous)
+
+
+def _one_kernel(params, data, row_shareds, single, stacked, batched):
+    """``batched`` as one kernel over the rows (``_kernel``), where it compiles
+    on this process's GPU; else ``batched``."""
+    kernel = rows_kernel(params, data, row_shareds, with_one_exp_softplus(single), stacked, batched)
+    return kernel if kernel_compiles(kernel[0].owner.op) else batched
 
 
 def _distribute(fn, terms):

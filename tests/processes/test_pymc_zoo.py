@@ -237,6 +237,57 @@ def test_the_gpu_ranks_batched_graph_gives_the_same_values(make):
         assert softplus == {OneExpSoftplus}, softplus
 
 
+def _rows_kernel_values(model, shifts=(0.0, 0.1, -0.05)):
+    """``_batched_graph_values``' points through the GPU ranks' ``RowsKernel``
+    (Pallas's interpreter on the CPU, JAX in 64 bits); and whether the kernel
+    took the graph (else the batched graph's JAX function)."""
+    import jax
+
+    from synkhronos.pymc._checks import parameter_checks
+    from synkhronos.pymc._kernel import Kernel, jax_form, rows_kernel
+    from synkhronos.pymc._model import _batched, _gpu_forms, _observed
+    from synkhronos.pymc._softplus import with_one_exp_softplus
+    from synkhronos.pymc._terms import _initial_params, find_terms, row_count, rows_of, worker_graph
+
+    chosen = _observed(model, None)
+    n = row_count(model, chosen)
+    terms = find_terms(model, [rv for rv in chosen if rows_of(model, rv) == n], n)
+    params, data, shareds, total, grads = worker_graph(terms)
+    single = parameter_checks([total] + grads, True)
+    stacked, outputs = _batched(params, single, total, True)
+    kernel = rows_kernel(params, data, shareds, with_one_exp_softplus(single), stacked, _gpu_forms(outputs))
+    op = kernel[0].owner.op
+    start = _initial_params(model, terms.params)
+    points = [np.stack([p + s if p.dtype.kind == "f" else p for s in shifts]) for p in start]
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        fn = jax_form(op, interpret=True)
+        got = fn(*points, *[d.get_value() for d in terms.data], *terms.row_values)
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    got = got if isinstance(got, (tuple, list)) else [got]
+    return [np.asarray(g) for g in got], isinstance(fn, Kernel)
+
+
+# (The censored likelihood's rewritten graph holds erfcx, which PyTensor's JAX
+# backend computes only with tensorflow-probability installed.)
+@pytest.mark.parametrize("make", [m for m in MODELS if m not in UNBATCHED + (censored,)]
+                         + [lambda: logistic(N)],
+                         ids=lambda f: getattr(f, "__name__", "logistic").replace("<lambda>", "logistic"))
+def test_the_rows_kernel_gives_the_batched_graphs_values(make):
+    """GPU ranks run the batched graph as one kernel over blocks of rows where
+    it takes the graph (the logistic regression's, at least), else the batched
+    graph: the CPU ranks' values at three points either way."""
+    model = make()
+    want, _ = _batched_graph_values(model, on_gpu=False)
+    got, kernel = _rows_kernel_values(model)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+    if make.__name__ == "<lambda>":
+        assert kernel
+
+
 def test_missing_values_split_the_observed_rows_and_keep_the_imputed_ones(session):
     """PyMC imputes missing observed values: the observed rows split, the
     imputed ones stay free variables of the copy, and the whole variable (a

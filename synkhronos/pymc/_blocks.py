@@ -1,0 +1,353 @@
+"""A rank's graph evaluated on one block of its rows, one component at a time.
+
+The ranks' outputs are sums over rows (a log-density and its gradient), so a
+rank may compute them block by block and add the blocks up, as the master adds
+the ranks up: a block is a rank of a few hundred rows.  ``Interpreter`` walks
+a rewritten graph of one point for one block, where every tensor is small but
+for its axis of rows (if it has one).  It keeps each tensor as a numpy array of
+*components*, one per index of its axes other than rows, each a JAX value: a
+vector of the block's rows, or a scalar.  A matrix product of the design matrix
+and the coefficients is then a sum of products of vectors, a sum over rows one
+reduction of a vector, and the whole graph one pass over the block's rows in
+registers (``_kernel`` runs it as a GPU kernel, one block per program).
+
+Rows past the end (the last block's) are read as zeros and left out of every
+reduction over rows.  A graph with an Op not handled here, or with too many
+components, raises ``Unsupported``: the rank then compiles the graph as it is.
+"""
+
+import functools
+import operator
+
+import numpy as np
+from pytensor.graph.basic import Constant
+from pytensor.graph.fg import FunctionGraph
+from pytensor.scalar import basic as ps
+from pytensor.tensor.basic import Alloc, Join, MakeVector, ScalarFromTensor, TensorFromScalar
+from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
+from pytensor.tensor.math import Dot
+from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
+from pytensor.tensor.subtensor import Subtensor, indices_from_subtensor
+
+__all__ = ["Interpreter", "Unsupported", "MAX_COMPONENTS"]
+
+MAX_COMPONENTS = 512  # the most components of one tensor written out
+
+
+class Unsupported(Exception):
+    """The graph holds something a block-by-block evaluation does not handle."""
+
+
+class Value:
+    """A tensor in one block: ``comps`` (numpy object array, the tensor's shape
+    with length 1 on its axis of rows) and ``row`` (that axis, or None)."""
+
+    __slots__ = ("comps", "row")
+
+    def __init__(self, comps, row=None):
+        if comps.size > MAX_COMPONENTS:
+            raise Unsupported("a tensor of %d components" % comps.size)
+        self.comps = comps
+        self.row = row
+
+
+def _scalar_comps(value):
+    comps = np.empty((), dtype=object)
+    comps[()] = value
+    return comps
+
+
+class _Rows(Value):
+    """The row count of a block (what ``x.shape[0]`` is there)."""
+
+    __slots__ = ()
+
+    def __init__(self, count):
+        super().__init__(_scalar_comps(count))
+
+
+def _jnp():
+    import jax.numpy as jnp
+
+    return jnp
+
+
+class Interpreter:
+    """Evaluate ``fgraph`` (its inputs' Values given) for one block whose
+    valid rows are ``mask`` (a boolean vector of the block's length)."""
+
+    def __init__(self, fgraph, mask):
+        self.fgraph = fgraph
+        self.mask = mask
+        self._handlers = {DimShuffle: self._dimshuffle, Elemwise: self._elemwise, Dot: self._dot,
+                          CAReduce: self._careduce, MakeVector: self._make_vector,
+                          Subtensor: self._subtensor, Join: self._join, Alloc: self._alloc,
+                          Shape_i: self._shape_i, Shape: self._shape, SpecifyShape: self._same,
+                          ScalarFromTensor: self._same, TensorFromScalar: self._same,
+                          ps.ScalarOp: self._elemwise}
+
+    def run(self, env, nodes=None):
+        """``env`` (Variable -> Value) completed with every node of
+        ``nodes`` (default: the graph's, in order)."""
+        for node in nodes if nodes is not None else self.fgraph.toposort():
+            handler = next((h for t, h in self._handlers.items() if isinstance(node.op, t)), None)
+            if handler is None:
+                raise Unsupported("Op %s" % node.op)
+            args = [self._value(env, v) for v in node.inputs]
+            outs = handler(node, *args)
+            for var, val in zip(node.outputs, outs):
+                env[var] = val
+        return env
+
+    def _value(self, env, var):
+        if var in env:
+            return env[var]
+        if isinstance(var, Constant):
+            data = np.asarray(var.data)
+            if data.size > MAX_COMPONENTS:
+                raise Unsupported("a constant of %d values" % data.size)
+            comps = np.empty(data.shape, dtype=object)
+            for idx in np.ndindex(data.shape):
+                comps[idx] = data[idx]
+            env[var] = Value(comps)
+            return env[var]
+        raise Unsupported("input %s not given" % var)
+
+    # -- Ops ---------------------------------------------------------------
+
+    def _same(self, node, x, *shape):
+        return [x]
+
+    def _dimshuffle(self, node, x):
+        order = node.op.new_order
+        kept = [o for o in order if o != "x"]
+        dropped = [a for a in range(x.comps.ndim) if a not in kept]
+        if x.row is not None and x.row in dropped:
+            raise Unsupported("the axis of rows dropped")
+        comps = np.transpose(x.comps, kept + dropped).reshape([x.comps.shape[a] for a in kept])
+        for pos, o in enumerate(order):
+            if o == "x":
+                comps = np.expand_dims(comps, pos)
+        return [Value(comps, None if x.row is None else order.index(x.row))]
+
+    def _elemwise(self, node, *args):
+        scalar_op = node.op if isinstance(node.op, ps.ScalarOp) else node.op.scalar_op
+        fn = _scalar_function(scalar_op, tuple(i.dtype for i in node.inputs))
+        rows = {a.row for a in args if a.row is not None}
+        if len(rows) > 1:
+            raise Unsupported("inputs with rows along different axes")
+        comps_in = np.broadcast_arrays(*[a.comps for a in args])
+        shape = comps_in[0].shape if comps_in else ()
+        outs = [np.empty(shape, dtype=object) for _ in node.outputs]
+        for idx in np.ndindex(shape):
+            res = fn(*[c[idx] for c in comps_in])
+            if len(node.outputs) == 1:
+                res = (res,)
+            for o, r in zip(outs, res):
+                o[idx] = r
+        row = rows.pop() if rows else None
+        return [Value(o, row) for o in outs]
+
+    def _dot(self, node, x, y):
+        if x.comps.ndim > 2 or y.comps.ndim > 2:
+            raise Unsupported("a product of %d-d and %d-d" % (x.comps.ndim, y.comps.ndim))
+        xc = x.comps if x.comps.ndim == 2 else x.comps[None, :]
+        yc = y.comps if y.comps.ndim == 2 else y.comps[:, None]
+        x_row = None if x.row is None else x.row + (2 - x.comps.ndim)
+        y_row = y.row
+        inner_rows = x_row == 1
+        if inner_rows != (y_row == 0):
+            raise Unsupported("a product over rows of one side only")
+        out = np.empty((xc.shape[0], yc.shape[1]), dtype=object)
+        for a, c in np.ndindex(out.shape):
+            terms = [xc[a, b] * yc[b, c] for b in range(xc.shape[1])]
+            total = functools.reduce(operator.add, terms)
+            out[a, c] = self._row_reduce(ps.add, total) if inner_rows else total
+        row = 0 if x_row == 0 else (1 if y_row == 1 else None)
+        if x.comps.ndim == 1:
+            out, row = out[0], (None if row is None else row - 1)
+        if y.comps.ndim == 1:
+            out = out[..., 0]
+        return [Value(out, row)]
+
+    def _careduce(self, node, x):
+        op = node.op
+        axes = tuple(range(x.comps.ndim)) if op.axis is None else tuple(op.axis)
+        binary = _scalar_function(op.scalar_op, (node.inputs[0].dtype,) * 2)
+        comps = x.comps
+        if x.row is not None and x.row in axes:
+            reduce_rows = np.vectorize(lambda v: self._row_reduce(op.scalar_op, v), otypes=[object])
+            comps = reduce_rows(comps) if comps.size else comps
+        kept = [a for a in range(comps.ndim) if a not in axes]
+        comps = np.transpose(comps, kept + list(axes))
+        shape = comps.shape[:len(kept)]
+        flat = comps.reshape(shape + (-1,))
+        out = np.empty(shape, dtype=object)
+        for idx in np.ndindex(shape):
+            vals = list(flat[idx])
+            out[idx] = functools.reduce(binary, vals) if vals else _identity(op.scalar_op)
+        row = None
+        if x.row is not None and x.row not in axes:
+            row = kept.index(x.row)
+        dtype = node.outputs[0].dtype
+        cast = np.vectorize(lambda v: _cast(v, dtype), otypes=[object])
+        return [Value(cast(out) if out.size else out, row)]
+
+    def _make_vector(self, node, *args):
+        comps = np.empty(len(args), dtype=object)
+        for i, a in enumerate(args):
+            comps[i] = a.comps[()]
+        return [Value(comps, None)]
+
+    def _subtensor(self, node, x, *idx_vals):
+        idx = []
+        for entry in indices_from_subtensor(node.inputs[1:], node.op.idx_list):
+            idx.append(_constant_index(entry))
+        for axis, entry in enumerate(idx):
+            if axis == x.row and entry != slice(None):
+                raise Unsupported("rows selected inside the graph")
+        comps = x.comps[tuple(idx)]
+        if not isinstance(comps, np.ndarray):
+            comps = _scalar_comps(comps)
+        row = x.row
+        if row is not None:
+            row -= sum(1 for entry in idx[:row] if not isinstance(entry, slice))
+        return [Value(comps, row)]
+
+    def _join(self, node, axis, *xs):
+        axis = int(_constant_index(node.inputs[0]))
+        rows = {x.row for x in xs}
+        if len(rows) > 1 or axis in rows:
+            raise Unsupported("a join along rows")
+        return [Value(np.concatenate([x.comps for x in xs], axis=axis), rows.pop())]
+
+    def _alloc(self, node, value, *shape):
+        dims, row = [], None
+        for axis, s in enumerate(shape):
+            if isinstance(s, _Rows):
+                dims.append(1)
+                row = axis
+            else:
+                dims.append(int(_constant_index(node.inputs[1 + axis])))
+        comps = value.comps.reshape((1,) * (len(dims) - value.comps.ndim) + value.comps.shape)
+        comps = np.broadcast_to(comps, dims).copy()
+        if row is not None:
+            jnp = _jnp()
+            zeros = jnp.zeros(self.mask.shape, dtype=node.outputs[0].dtype)
+            comps = np.vectorize(lambda v: v + zeros, otypes=[object])(comps)
+        return [Value(comps, row if row is not None else value.row)]
+
+    def _shape_i(self, node, x):
+        if node.op.i == x.row:
+            return [self._rows()]
+        raise Unsupported("the shape of a tensor without rows")  # (constant folding leaves none)
+
+    def _shape(self, node, x):
+        raise Unsupported("a shape")
+
+    def _rows(self):
+        jnp = _jnp()
+        return _Rows(jnp.sum(self.mask.astype(jnp.int64)))
+
+    # -- reductions over rows ----------------------------------------------
+
+    def _row_reduce(self, scalar_op, v):
+        jnp = _jnp()
+        v = jnp.broadcast_to(v, self.mask.shape)
+        ident = _identity(scalar_op)
+        if isinstance(scalar_op, ps.Add):
+            return jnp.sum(jnp.where(self.mask, v, ident))
+        if isinstance(scalar_op, ps.Mul):
+            return jnp.prod(jnp.where(self.mask, v, ident))
+        if isinstance(scalar_op, ps.ScalarMaximum):
+            return jnp.max(jnp.where(self.mask, v, ident))
+        if isinstance(scalar_op, ps.ScalarMinimum):
+            return jnp.min(jnp.where(self.mask, v, ident))
+        if isinstance(scalar_op, ps.AND):
+            return jnp.min(jnp.where(self.mask, v, True).astype(jnp.int32)) > 0
+        if isinstance(scalar_op, ps.OR):
+            return jnp.max(jnp.where(self.mask, v, False).astype(jnp.int32)) > 0
+        raise Unsupported("a reduction over rows by %s" % scalar_op)
+
+
+def _identity(scalar_op):
+    for kind, value in ((ps.Add, 0), (ps.Mul, 1), (ps.ScalarMaximum, -np.inf), (ps.ScalarMinimum, np.inf),
+                        (ps.AND, True), (ps.OR, False)):
+        if isinstance(scalar_op, kind):
+            return value
+    raise Unsupported("a reduction by %s" % scalar_op)
+
+
+def _cast(v, dtype):
+    jnp = _jnp()
+    return jnp.asarray(v).astype(dtype)
+
+
+def _constant_index(entry):
+    if isinstance(entry, slice):
+        parts = (entry.start, entry.stop, entry.step)
+        return slice(*[None if e is None else int(_constant_index(e)) for e in parts])
+    if isinstance(entry, (int, np.integer)):
+        return int(entry)
+    if isinstance(entry, Constant):
+        return int(np.asarray(entry.data))
+    raise Unsupported("an index computed in the graph")
+
+
+@functools.cache
+def _scalar_function(scalar_op, dtypes):
+    """A JAX function of scalars (or vectors of rows) of ``dtypes`` for
+    ``scalar_op``: a Composite's inner graph walked here, softplus and sigmoid
+    from ``exp(-|x|)`` (which the kernel's compiler then computes once for
+    every one of them of ``x`` or ``-x``: a Bernoulli's four become one), and
+    PyTensor's JAX form of anything else, with Python operators where it has
+    them (no stacking of a variadic sum)."""
+    from pytensor.link.jax.dispatch import jax_funcify
+    from pytensor.scalar.math import Sigmoid, Softplus
+
+    if isinstance(scalar_op, ps.Composite):
+        return _composite_function(scalar_op)
+    if isinstance(scalar_op, Softplus):
+        return _softplus
+    if isinstance(scalar_op, Sigmoid):
+        return _sigmoid
+    ins = [ps.get_scalar_type(d)() for d in dtypes]
+    inner = jax_funcify(FunctionGraph(ins, scalar_op.make_node(*ins).outputs, clone=False))
+    return lambda *a: (lambda r: r[0] if len(r) == 1 else r)(inner(*a))
+
+
+def _composite_function(composite):
+    fg = composite.fgraph
+    steps = [(node, _scalar_function(node.op, tuple(i.dtype for i in node.inputs))) for node in fg.toposort()]
+
+    def run(*args):
+        env = dict(zip(fg.inputs, args))
+        for node, fn in steps:
+            res = fn(*[env[i] if i in env else _scalar_constant(i) for i in node.inputs])
+            env.update(zip(node.outputs, res if len(node.outputs) > 1 else (res,)))
+        outs = tuple(env[o] if o in env else _scalar_constant(o) for o in fg.outputs)
+        return outs[0] if len(outs) == 1 else outs
+
+    return run
+
+
+def _scalar_constant(var):
+    if not isinstance(var, Constant):
+        raise Unsupported("scalar input %s not given" % var)
+    return np.asarray(var.data, dtype=var.dtype)[()]
+
+
+def _exp_neg_abs(x):
+    jnp = _jnp()
+    return jnp.exp(-jnp.abs(x))
+
+
+def _softplus(x):
+    jnp = _jnp()
+    return jnp.maximum(x, 0) + jnp.log1p(_exp_neg_abs(x))
+
+
+def _sigmoid(x):
+    jnp = _jnp()
+    e = _exp_neg_abs(x)
+    return jnp.where(x >= 0, 1, e) * (1 / (1 + e))

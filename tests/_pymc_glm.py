@@ -1,0 +1,52 @@
+"""A GLM's graph of one point as PyMC writes it, its ``RowsKernel`` and
+numpy's values (the rows kernel's tests on the CPU and on a GPU)."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.graph.replace import vectorize_graph
+
+from synkhronos.pymc._kernel import rows_kernel
+
+
+def kernel_op(params, rows, single):
+    stacked = [pt.tensor(dtype=p.dtype, shape=(None,) + p.type.shape, name=p.name) for p in params]
+    batched = vectorize_graph(single, replace=dict(zip(params, stacked)))
+    return rows_kernel(params, [], rows, single, stacked, batched)[0].owner.op
+
+
+def glm(family, d, dtype):
+    """A GLM's log-density and gradient of one point, as PyMC writes them."""
+    x = pt.tensor("x", dtype=dtype, shape=(None, d))
+    beta = pt.tensor("beta", dtype=dtype, shape=(d,))
+    alpha = pt.tensor("alpha", dtype=dtype, shape=())
+    eta = x @ beta + alpha
+    params = [beta, alpha]
+    if family == "bernoulli":
+        y = pt.tensor("y", dtype="int64", shape=(None,))
+        total = pt.switch(pt.eq(y, 1), -pt.softplus(-eta), -pt.softplus(eta)).sum()
+    else:  # a Normal whose constant counts the rows (x.shape[0])
+        y = pt.tensor("y", dtype=dtype, shape=(None,))
+        log_sigma = pt.tensor("log_sigma", dtype=dtype, shape=())
+        params.append(log_sigma)
+        total = (-0.5 * ((y - eta) / pt.exp(log_sigma)) ** 2).sum() - x.shape[0].astype(dtype) * log_sigma
+    return params, [x, y], [total] + pytensor.grad(total, params)
+
+
+def softplus(v):
+    return np.logaddexp(0, v)
+
+
+def numpy_glm(family, point, x, y):
+    """numpy's log-density and gradient of one point."""
+    beta, alpha = point[0], point[1]
+    eta = x @ beta + alpha
+    if family == "bernoulli":
+        one = y == 1
+        s = 1 / (1 + np.exp(-eta))
+        r = np.where(one, 1 - s, -s)
+        return [np.where(one, -softplus(-eta), -softplus(eta)).sum(), x.T @ r, r.sum()]
+    sigma = np.exp(point[2])
+    z = (y - eta) / sigma
+    r = z / sigma
+    return [(-0.5 * z**2).sum() - len(y) * point[2], x.T @ r, r.sum(), (z**2).sum() - len(y)]

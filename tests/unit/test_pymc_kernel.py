@@ -1,0 +1,91 @@
+"""``synkhronos.pymc._kernel``: the GPU ranks' pass over their rows as one
+kernel over blocks of rows (here run by Pallas's interpreter on the CPU) gives
+numpy's log-density and gradient at every point, for every row count around
+the block size, any number of points and features, in float32 and float64;
+what it does not handle falls back to the batched graph."""
+
+import logging
+import pickle
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("pymc")  # synkhronos.pymc needs it
+jax = pytest.importorskip("jax")
+
+from _pymc_glm import glm, kernel_op, numpy_glm  # noqa: E402
+
+from synkhronos.pymc._kernel import BLOCK, Kernel, jax_form  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def x64():
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+@settings(max_examples=12, deadline=None)
+@given(family=st.sampled_from(["bernoulli", "normal"]), dtype=st.sampled_from(["float64", "float32"]),
+       n=st.one_of(st.sampled_from([0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 2]),
+                   st.integers(0, 3 * BLOCK)),
+       points=st.integers(1, 4), d=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_the_kernel_gives_numpys_values(family, dtype, n, points, d, seed):
+    rng = np.random.default_rng(seed)
+    params, rows, single = glm(family, d, dtype)
+    kernel = jax_form(kernel_op(params, rows, single), interpret=True)
+    assert isinstance(kernel, Kernel)
+    x = rng.standard_normal((n, d)).astype(dtype)
+    y = rng.integers(0, 2, n) if family == "bernoulli" else rng.standard_normal(n).astype(dtype)
+    stacked = [(rng.standard_normal((points,) + p.type.shape) * 0.5).astype(dtype) for p in params]
+    got = jax.jit(kernel)(*stacked, x, y)
+    eps = 1e-10 if dtype == "float64" else 2e-4
+    for k in range(points):
+        want = numpy_glm(family, [s[k].astype(np.float64) for s in stacked], x.astype(np.float64), y)
+        for g, w in zip(got, want):
+            assert g.dtype == dtype
+            np.testing.assert_allclose(np.asarray(g[k], dtype=np.float64), w, rtol=eps, atol=eps * (n + 1))
+
+
+def test_an_op_it_does_not_handle_falls_back_to_the_batched_graph(caplog):
+    """A coefficient per group (a gather of the parameters by each row's
+    group) is not handled: the batched graph's JAX function, same values."""
+    x = pt.tensor("x", dtype="float64", shape=(None,))
+    g = pt.tensor("g", dtype="int64", shape=(None,))
+    a = pt.tensor("a", dtype="float64", shape=(3,))
+    total = (-0.5 * (x - a[g]) ** 2).sum()
+    single = [total, pytensor.grad(total, a)]
+    with caplog.at_level(logging.INFO, logger="synkhronos.pymc"):
+        fn = jax_form(kernel_op([a], [x, g], single), interpret=True)
+    assert not isinstance(fn, Kernel)
+    assert "not as one kernel" in caplog.text and "AdvancedSubtensor" in caplog.text
+    xv, gv = np.arange(7.0), np.arange(7) % 3
+    av = np.array([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]])
+    got = fn(av, xv, gv)
+    for k in range(2):
+        r = xv - av[k][gv]
+        np.testing.assert_allclose(got[0][k], (-0.5 * r**2).sum())
+        np.testing.assert_allclose(got[1][k], np.bincount(gv, r, minlength=3))
+
+
+def test_the_op_pickles_and_computes_the_batched_graph_outside_jax():
+    """Ranks receive it pickled; a rank that does not compile with JAX runs
+    the batched graph it stands for."""
+    params, rows, single = glm("bernoulli", 2, "float64")
+    op = kernel_op(params, rows, single)
+    assert isinstance(jax_form(op, interpret=True), Kernel)  # (the kernel it tried stays here)
+    op = pickle.loads(pickle.dumps(op))
+    assert isinstance(jax_form(op, interpret=True), Kernel)
+    stacked = [pt.tensor(dtype=p.dtype, shape=(None,) + p.type.shape) for p in params]
+    row_inputs = [r.type() for r in rows]
+    fn = pytensor.function(stacked + row_inputs, op(*stacked, *row_inputs), mode="FAST_COMPILE")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((5, 2)), rng.integers(0, 2, 5)
+    point = [rng.standard_normal((1, 2)), rng.standard_normal(1)]
+    for g, w in zip(fn(*point, x, y), numpy_glm("bernoulli", [point[0][0], point[1][0]], x, y)):
+        np.testing.assert_allclose(g[0], w, rtol=1e-12)

@@ -15,10 +15,23 @@ def kernel_op(params, rows, single):
     return rows_kernel(params, [], rows, single, stacked, batched)[0].owner.op
 
 
+GROUPS = 5  # the "groups" family's intercepts
+
+
 def glm(family, d, dtype):
-    """A GLM's log-density and gradient of one point, as PyMC writes them."""
+    """A GLM's log-density and gradient of one point, as PyMC writes them:
+    ``(params, rows, [logp] + gradient)``.  Families: "bernoulli" (logit
+    link), "normal" (its constant counts the rows), "groups" (a Normal with an
+    intercept per group, picked by each row's group)."""
     x = pt.tensor("x", dtype=dtype, shape=(None, d))
     beta = pt.tensor("beta", dtype=dtype, shape=(d,))
+    if family == "groups":
+        alpha = pt.tensor("alpha", dtype=dtype, shape=(GROUPS,))
+        g = pt.tensor("g", dtype="int32", shape=(None,))
+        y = pt.tensor("y", dtype=dtype, shape=(None,))
+        total = (-0.5 * (y - x @ beta - alpha[g]) ** 2).sum()
+        params = [beta, alpha]
+        return params, [x, y, g], [total] + pytensor.grad(total, params)
     alpha = pt.tensor("alpha", dtype=dtype, shape=())
     eta = x @ beta + alpha
     params = [beta, alpha]
@@ -37,9 +50,21 @@ def softplus(v):
     return np.logaddexp(0, v)
 
 
-def numpy_glm(family, point, x, y):
-    """numpy's log-density and gradient of one point."""
+def draw_rows(family, rng, n, d, dtype):
+    """Row values for ``glm(family, d, dtype)``'s rows."""
+    x = rng.standard_normal((n, d)).astype(dtype)
+    if family == "bernoulli":
+        return [x, rng.integers(0, 2, n)]
+    y = rng.standard_normal(n).astype(dtype)
+    return [x, y] + ([rng.integers(0, GROUPS, n).astype("int32")] if family == "groups" else [])
+
+
+def numpy_glm(family, point, x, y, g=None):
+    """numpy's log-density and gradient of one point (in float64)."""
     beta, alpha = point[0], point[1]
+    if family == "groups":
+        r = y - x @ beta - alpha[g]
+        return [(-0.5 * r**2).sum(), x.T @ r, np.bincount(g, r, minlength=GROUPS)]
     eta = x @ beta + alpha
     if family == "bernoulli":
         one = y == 1

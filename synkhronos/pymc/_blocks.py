@@ -23,15 +23,22 @@ import numpy as np
 from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 from pytensor.scalar import basic as ps
+from pytensor.tensor import subtensor as _subtensor_ops
 from pytensor.tensor.basic import Alloc, Join, MakeVector, ScalarFromTensor, TensorFromScalar
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
 from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
-from pytensor.tensor.subtensor import Subtensor, indices_from_subtensor
+from pytensor.tensor.subtensor import (
+    AdvancedIncSubtensor,
+    AdvancedSubtensor,
+    Subtensor,
+    indices_from_subtensor,
+)
 
 __all__ = ["Interpreter", "Unsupported", "MAX_COMPONENTS"]
 
 MAX_COMPONENTS = 512  # the most components of one tensor written out
+MAX_GROUPS = 32  # the most values a row's index picks among (a coefficient per group)
 
 
 class Unsupported(Exception):
@@ -84,7 +91,11 @@ class Interpreter:
                           Subtensor: self._subtensor, Join: self._join, Alloc: self._alloc,
                           Shape_i: self._shape_i, Shape: self._shape, SpecifyShape: self._same,
                           ScalarFromTensor: self._same, TensorFromScalar: self._same,
-                          ps.ScalarOp: self._elemwise}
+                          ps.ScalarOp: self._elemwise,
+                          AdvancedSubtensor: self._pick, AdvancedIncSubtensor: self._add_at}
+        for name, handler in (("AdvancedSubtensor1", self._pick), ("AdvancedIncSubtensor1", self._add_at)):
+            if hasattr(_subtensor_ops, name):  # (PyTensor 2's; PyTensor 3 has only the general ones)
+                self._handlers[getattr(_subtensor_ops, name)] = handler
 
     def run(self, env, nodes=None):
         """``env`` (Variable -> Value) completed with every node of
@@ -213,6 +224,46 @@ class Interpreter:
         if row is not None:
             row -= sum(1 for entry in idx[:row] if not isinstance(entry, slice))
         return [Value(comps, row)]
+
+    def _pick(self, node, x, *index):
+        """``x[g]``: each row's value of ``x`` (a value per group) at its index ``g``."""
+        (g,) = self._group_index(node, x, index)
+        groups = x.comps.shape[0]
+        out = np.empty((1,) + x.comps.shape[1:], dtype=object)
+        jnp = _jnp()
+        for rest in np.ndindex(x.comps.shape[1:]):
+            value = x.comps[(0,) + rest]
+            for k in range(1, groups):
+                value = jnp.where((g == k) | (g == k - groups), x.comps[(k,) + rest], value)
+            out[(0,) + rest] = value
+        return [Value(out, 0)]
+
+    def _add_at(self, node, x, y, *index):
+        """``x`` with each row's ``y`` added at its index ``g`` (a gradient by group)."""
+        if node.op.set_instead_of_inc:
+            raise Unsupported("a set by index")
+        (g,) = self._group_index(node, x, index)
+        if y.row != 0 or y.comps.shape[1:] != x.comps.shape[1:] and y.comps.size != 1:
+            raise Unsupported("an increment of another shape")
+        groups = x.comps.shape[0]
+        comps = np.broadcast_to(y.comps, (1,) + x.comps.shape[1:])
+        out = np.empty(x.comps.shape, dtype=object)
+        jnp = _jnp()
+        for idx in np.ndindex(x.comps.shape):
+            k, rest = idx[0], idx[1:]
+            mine = jnp.where((g == k) | (g == k - groups), comps[(0,) + rest], 0)
+            out[idx] = x.comps[idx] + self._row_reduce(ps.add, mine)
+        return [Value(out, None)]
+
+    def _group_index(self, node, x, index):
+        if len(index) != 1 or len(getattr(node.op, "idx_list", (0,))) != 1:
+            raise Unsupported("an index of several axes")
+        (g,) = index
+        if x.row is not None or g.row != 0 or g.comps.shape != (1,) or x.comps.ndim < 1:
+            raise Unsupported("an index that is not one per row into values without rows")
+        if x.comps.shape[0] > MAX_GROUPS:
+            raise Unsupported("an index among %d values" % x.comps.shape[0])
+        return [g.comps[0]]
 
     def _join(self, node, axis, *xs):
         axis = int(_constant_index(node.inputs[0]))

@@ -70,24 +70,26 @@ def test_forked_and_threaded_chains_on_a_gpu_rank(session):
 
 @pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 100_003])
 def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n):
-    """GPU ranks compile a logistic regression's pass over its rows as one
-    Triton kernel (not the batched graph it falls back to), with numpy's
-    log-density and gradient for 1 to 4 points at row counts around the block."""
+    """GPU ranks compile a logistic regression's pass over its rows, and a
+    Normal's with an intercept per group, as one Triton kernel (not the
+    batched graph it falls back to), with numpy's log-density and gradient for
+    1 to 4 points at row counts around the block."""
     import _pymc_glm as unit
     import jax
 
     from synkhronos.pymc._kernel import Kernel, jax_form
 
     assert jax.default_backend() == "gpu" and jax.config.jax_enable_x64
-    params, rows, single = unit.glm("bernoulli", 5, "float64")
-    kernel = jax_form(unit.kernel_op(params, rows, single))
-    assert isinstance(kernel, Kernel) and not kernel.interpret
     rng = np.random.default_rng(n)
-    x, y = rng.standard_normal((n, 5)), rng.integers(0, 2, n)
-    for points in (1, 2, 4):
-        stacked = [rng.standard_normal((points,) + p.type.shape) * 0.5 for p in params]
-        got = jax.jit(kernel)(*stacked, x, y)
-        for k in range(points):
-            want = unit.numpy_glm("bernoulli", [s[k] for s in stacked], x, y)
-            for g, w in zip(got, want):
-                np.testing.assert_allclose(np.asarray(g[k]), w, rtol=1e-10, atol=1e-10 * (n + 1))
+    for family in ("bernoulli", "groups"):
+        params, rows, single = unit.glm(family, 5, "float64")
+        kernel = jax_form(unit.kernel_op(params, rows, single))
+        assert isinstance(kernel, Kernel) and not kernel.interpret
+        values = unit.draw_rows(family, rng, n, 5, "float64")
+        for points in (1, 2, 4):
+            stacked = [rng.standard_normal((points,) + p.type.shape) * 0.5 for p in params]
+            got = jax.jit(kernel)(*stacked, *values)
+            for k in range(points):
+                want = unit.numpy_glm(family, [s[k] for s in stacked], *values)
+                for g, w in zip(got, want):
+                    np.testing.assert_allclose(np.asarray(g[k]), w, rtol=1e-10, atol=1e-10 * (n + 1))

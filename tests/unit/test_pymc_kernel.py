@@ -1,8 +1,9 @@
 """``synkhronos.pymc._kernel``: the GPU ranks' pass over their rows as one
 kernel over blocks of rows (here run by Pallas's interpreter on the CPU) gives
 numpy's log-density and gradient at every point, for every row count around
-the block size, any number of points and features, in float32 and float64;
-what it does not handle falls back to the batched graph."""
+the block size, any number of points and features, in float32 and float64,
+with a coefficient per group picked by each row's group too; what it does not
+handle falls back to the batched graph."""
 
 import logging
 import pickle
@@ -17,8 +18,9 @@ from hypothesis import strategies as st
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 jax = pytest.importorskip("jax")
 
-from _pymc_glm import glm, kernel_op, numpy_glm  # noqa: E402
+from _pymc_glm import draw_rows, glm, kernel_op, numpy_glm  # noqa: E402
 
+from synkhronos.pymc._blocks import MAX_GROUPS  # noqa: E402
 from synkhronos.pymc._kernel import BLOCK, Kernel, jax_form  # noqa: E402
 
 
@@ -30,8 +32,9 @@ def x64():
     jax.config.update("jax_enable_x64", before)
 
 
-@settings(max_examples=12, deadline=None)
-@given(family=st.sampled_from(["bernoulli", "normal"]), dtype=st.sampled_from(["float64", "float32"]),
+@settings(max_examples=15, deadline=None)
+@given(family=st.sampled_from(["bernoulli", "normal", "groups"]),
+       dtype=st.sampled_from(["float64", "float32"]),
        n=st.one_of(st.sampled_from([0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 2]),
                    st.integers(0, 3 * BLOCK)),
        points=st.integers(1, 4), d=st.integers(1, 6), seed=st.integers(0, 2**16))
@@ -40,37 +43,38 @@ def test_the_kernel_gives_numpys_values(family, dtype, n, points, d, seed):
     params, rows, single = glm(family, d, dtype)
     kernel = jax_form(kernel_op(params, rows, single), interpret=True)
     assert isinstance(kernel, Kernel)
-    x = rng.standard_normal((n, d)).astype(dtype)
-    y = rng.integers(0, 2, n) if family == "bernoulli" else rng.standard_normal(n).astype(dtype)
+    values = draw_rows(family, rng, n, d, dtype)
     stacked = [(rng.standard_normal((points,) + p.type.shape) * 0.5).astype(dtype) for p in params]
-    got = jax.jit(kernel)(*stacked, x, y)
+    got = jax.jit(kernel)(*stacked, *values)
     eps = 1e-10 if dtype == "float64" else 2e-4
+    wide = [v.astype(np.float64) if v.dtype.kind == "f" else v for v in values]
     for k in range(points):
-        want = numpy_glm(family, [s[k].astype(np.float64) for s in stacked], x.astype(np.float64), y)
+        want = numpy_glm(family, [s[k].astype(np.float64) for s in stacked], *wide)
         for g, w in zip(got, want):
             assert g.dtype == dtype
             np.testing.assert_allclose(np.asarray(g[k], dtype=np.float64), w, rtol=eps, atol=eps * (n + 1))
 
 
 def test_an_op_it_does_not_handle_falls_back_to_the_batched_graph(caplog):
-    """A coefficient per group (a gather of the parameters by each row's
-    group) is not handled: the batched graph's JAX function, same values."""
+    """A coefficient per group among more groups than the kernel picks from
+    (``MAX_GROUPS``): the batched graph's JAX function, same values."""
+    groups = MAX_GROUPS + 1
     x = pt.tensor("x", dtype="float64", shape=(None,))
     g = pt.tensor("g", dtype="int64", shape=(None,))
-    a = pt.tensor("a", dtype="float64", shape=(3,))
+    a = pt.tensor("a", dtype="float64", shape=(groups,))
     total = (-0.5 * (x - a[g]) ** 2).sum()
     single = [total, pytensor.grad(total, a)]
     with caplog.at_level(logging.INFO, logger="synkhronos.pymc"):
         fn = jax_form(kernel_op([a], [x, g], single), interpret=True)
     assert not isinstance(fn, Kernel)
-    assert "not as one kernel" in caplog.text and "AdvancedSubtensor" in caplog.text
-    xv, gv = np.arange(7.0), np.arange(7) % 3
-    av = np.array([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]])
+    assert "not as one kernel" in caplog.text and "an index among %d values" % groups in caplog.text
+    xv, gv = np.arange(70.0), np.arange(70) % groups
+    av = np.stack([np.linspace(0, 1, groups), np.ones(groups)])
     got = fn(av, xv, gv)
     for k in range(2):
         r = xv - av[k][gv]
         np.testing.assert_allclose(got[0][k], (-0.5 * r**2).sum())
-        np.testing.assert_allclose(got[1][k], np.bincount(gv, r, minlength=3))
+        np.testing.assert_allclose(got[1][k], np.bincount(gv, r, minlength=groups))
 
 
 def test_the_op_pickles_and_computes_the_batched_graph_outside_jax():

@@ -21,7 +21,6 @@ import operator
 
 import numpy as np
 from pytensor.graph.basic import Constant
-from pytensor.graph.fg import FunctionGraph
 from pytensor.scalar import basic as ps
 from pytensor.tensor import subtensor as _subtensor_ops
 from pytensor.tensor.basic import Alloc, Join, MakeVector, ScalarFromTensor, TensorFromScalar
@@ -35,14 +34,12 @@ from pytensor.tensor.subtensor import (
     indices_from_subtensor,
 )
 
-__all__ = ["Interpreter", "Unsupported", "MAX_COMPONENTS"]
+from ._scalars import Unsupported, jnp_module, scalar_function
+
+__all__ = ["Interpreter", "Unsupported", "MAX_COMPONENTS", "MAX_GROUPS"]
 
 MAX_COMPONENTS = 512  # the most components of one tensor written out
 MAX_GROUPS = 32  # the most values a row's index picks among (a coefficient per group)
-
-
-class Unsupported(Exception):
-    """The graph holds something a block-by-block evaluation does not handle."""
 
 
 class Value:
@@ -71,12 +68,6 @@ class _Rows(Value):
 
     def __init__(self, count):
         super().__init__(_scalar_comps(count))
-
-
-def _jnp():
-    import jax.numpy as jnp
-
-    return jnp
 
 
 class Interpreter:
@@ -143,7 +134,7 @@ class Interpreter:
 
     def _elemwise(self, node, *args):
         scalar_op = node.op if isinstance(node.op, ps.ScalarOp) else node.op.scalar_op
-        fn = _scalar_function(scalar_op, tuple(i.dtype for i in node.inputs))
+        fn = scalar_function(scalar_op, tuple(i.dtype for i in node.inputs))
         rows = {a.row for a in args if a.row is not None}
         if len(rows) > 1:
             raise Unsupported("inputs with rows along different axes")
@@ -184,7 +175,7 @@ class Interpreter:
     def _careduce(self, node, x):
         op = node.op
         axes = tuple(range(x.comps.ndim)) if op.axis is None else tuple(op.axis)
-        binary = _scalar_function(op.scalar_op, (node.inputs[0].dtype,) * 2)
+        binary = scalar_function(op.scalar_op, (node.inputs[0].dtype,) * 2)
         comps = x.comps
         if x.row is not None and x.row in axes:
             reduce_rows = np.vectorize(lambda v: self._row_reduce(op.scalar_op, v), otypes=[object])
@@ -230,7 +221,7 @@ class Interpreter:
         (g,) = self._group_index(node, x, index)
         groups = x.comps.shape[0]
         out = np.empty((1,) + x.comps.shape[1:], dtype=object)
-        jnp = _jnp()
+        jnp = jnp_module()
         for rest in np.ndindex(x.comps.shape[1:]):
             value = x.comps[(0,) + rest]
             for k in range(1, groups):
@@ -248,7 +239,7 @@ class Interpreter:
         groups = x.comps.shape[0]
         comps = np.broadcast_to(y.comps, (1,) + x.comps.shape[1:])
         out = np.empty(x.comps.shape, dtype=object)
-        jnp = _jnp()
+        jnp = jnp_module()
         for idx in np.ndindex(x.comps.shape):
             k, rest = idx[0], idx[1:]
             mine = jnp.where((g == k) | (g == k - groups), comps[(0,) + rest], 0)
@@ -283,7 +274,7 @@ class Interpreter:
         comps = value.comps.reshape((1,) * (len(dims) - value.comps.ndim) + value.comps.shape)
         comps = np.broadcast_to(comps, dims).copy()
         if row is not None:
-            jnp = _jnp()
+            jnp = jnp_module()
             zeros = jnp.zeros(self.mask.shape, dtype=node.outputs[0].dtype)
             comps = np.vectorize(lambda v: v + zeros, otypes=[object])(comps)
         return [Value(comps, row if row is not None else value.row)]
@@ -297,13 +288,13 @@ class Interpreter:
         raise Unsupported("a shape")
 
     def _rows(self):
-        jnp = _jnp()
+        jnp = jnp_module()
         return _Rows(jnp.sum(self.mask.astype(jnp.int64)))
 
     # -- reductions over rows ----------------------------------------------
 
     def _row_reduce(self, scalar_op, v):
-        jnp = _jnp()
+        jnp = jnp_module()
         v = jnp.broadcast_to(v, self.mask.shape)
         ident = _identity(scalar_op)
         if isinstance(scalar_op, ps.Add):
@@ -330,7 +321,7 @@ def _identity(scalar_op):
 
 
 def _cast(v, dtype):
-    jnp = _jnp()
+    jnp = jnp_module()
     return jnp.asarray(v).astype(dtype)
 
 
@@ -343,62 +334,3 @@ def _constant_index(entry):
     if isinstance(entry, Constant):
         return int(np.asarray(entry.data))
     raise Unsupported("an index computed in the graph")
-
-
-@functools.cache
-def _scalar_function(scalar_op, dtypes):
-    """A JAX function of scalars (or vectors of rows) of ``dtypes`` for
-    ``scalar_op``: a Composite's inner graph walked here, softplus and sigmoid
-    from ``exp(-|x|)`` (which the kernel's compiler then computes once for
-    every one of them of ``x`` or ``-x``: a Bernoulli's four become one), and
-    PyTensor's JAX form of anything else, with Python operators where it has
-    them (no stacking of a variadic sum)."""
-    from pytensor.link.jax.dispatch import jax_funcify
-    from pytensor.scalar.math import Sigmoid, Softplus
-
-    if isinstance(scalar_op, ps.Composite):
-        return _composite_function(scalar_op)
-    if isinstance(scalar_op, Softplus):
-        return _softplus
-    if isinstance(scalar_op, Sigmoid):
-        return _sigmoid
-    ins = [ps.get_scalar_type(d)() for d in dtypes]
-    inner = jax_funcify(FunctionGraph(ins, scalar_op.make_node(*ins).outputs, clone=False))
-    return lambda *a: (lambda r: r[0] if len(r) == 1 else r)(inner(*a))
-
-
-def _composite_function(composite):
-    fg = composite.fgraph
-    steps = [(node, _scalar_function(node.op, tuple(i.dtype for i in node.inputs))) for node in fg.toposort()]
-
-    def run(*args):
-        env = dict(zip(fg.inputs, args))
-        for node, fn in steps:
-            res = fn(*[env[i] if i in env else _scalar_constant(i) for i in node.inputs])
-            env.update(zip(node.outputs, res if len(node.outputs) > 1 else (res,)))
-        outs = tuple(env[o] if o in env else _scalar_constant(o) for o in fg.outputs)
-        return outs[0] if len(outs) == 1 else outs
-
-    return run
-
-
-def _scalar_constant(var):
-    if not isinstance(var, Constant):
-        raise Unsupported("scalar input %s not given" % var)
-    return np.asarray(var.data, dtype=var.dtype)[()]
-
-
-def _exp_neg_abs(x):
-    jnp = _jnp()
-    return jnp.exp(-jnp.abs(x))
-
-
-def _softplus(x):
-    jnp = _jnp()
-    return jnp.maximum(x, 0) + jnp.log1p(_exp_neg_abs(x))
-
-
-def _sigmoid(x):
-    jnp = _jnp()
-    e = _exp_neg_abs(x)
-    return jnp.where(x >= 0, 1, e) * (1 / (1 + e))

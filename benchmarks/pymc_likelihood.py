@@ -338,7 +338,6 @@ def copy_per_eval(fast, args):
     """The copy's logp+dlogp per evaluation: 1 point; 4 points from 4 threads at
     once; 4 points in one run of the ranks.  For each: ms per call (median), the
     batcher's {points per run: runs} meanwhile, and logps to check."""
-    from pymc.blocking import DictToArrayBijection, RaveledVars
 
     node = fast.potentials[0].owner
     ev = node.op.evaluator
@@ -392,11 +391,7 @@ def copy_per_eval(fast, args):
 
     # 4 points in one run: the call the batcher makes with every pending point
     # (Evaluator._run, the split terms alone: the priors are not in it)
-    layout = _point(fast)[1]
-    op_inputs = fast.compile_fn(fast.replace_rvs_by_values(node.inputs), inputs=fast.value_vars,
-                                on_unused_input="ignore", point_fn=True)
-    points = [op_inputs(DictToArrayBijection.rmap(RaveledVars(p, layout))) for p in qs]
-    points = [[np.asarray(v) for v in p] for p in points]
+    points = _run_points(fast, 4)
     together = ev._run(points)
     times = []
     for _ in range(args.evals):
@@ -435,7 +430,10 @@ def kernel_on_off(model, fast, args):
     try:
         off = data_parallel(model, batch=args.batch)
     finally:
-        os.environ.pop(KERNEL_ENV) if before is None else os.environ.__setitem__(KERNEL_ENV, before)
+        if before is None:
+            del os.environ[KERNEL_ENV]
+        else:
+            os.environ[KERNEL_ENV] = before
     out = {}
     for k in (1, 4):
         runs = [(c.potentials[0].owner.op.evaluator, _run_points(c, k)) for c in (fast, off)]

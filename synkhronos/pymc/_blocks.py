@@ -26,7 +26,7 @@ from pytensor.tensor import subtensor as _subtensor_ops
 from pytensor.tensor.basic import Alloc, Join, MakeVector, ScalarFromTensor, TensorFromScalar
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.math import Dot
-from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
+from pytensor.tensor.shape import Shape_i, SpecifyShape
 from pytensor.tensor.subtensor import (
     AdvancedIncSubtensor,
     AdvancedSubtensor,
@@ -36,7 +36,7 @@ from pytensor.tensor.subtensor import (
 
 from ._scalars import Unsupported, jnp_module, scalar_function
 
-__all__ = ["Interpreter", "Unsupported", "MAX_COMPONENTS", "MAX_GROUPS"]
+__all__ = ["Interpreter", "Unsupported", "Value", "comps_from", "MAX_COMPONENTS", "MAX_GROUPS"]
 
 MAX_COMPONENTS = 512  # the most components of one tensor written out
 MAX_GROUPS = 32  # the most values a row's index picks among (a coefficient per group)
@@ -55,10 +55,16 @@ class Value:
         self.row = row
 
 
-def _scalar_comps(value):
-    comps = np.empty((), dtype=object)
-    comps[()] = value
+def comps_from(load, shape):
+    """A numpy object array of ``shape`` holding ``load(index)`` at each index."""
+    comps = np.empty(tuple(shape), dtype=object)
+    for idx in np.ndindex(tuple(shape)):
+        comps[idx] = load(idx)
     return comps
+
+
+def _scalar_comps(value):
+    return comps_from(lambda idx: value, ())
 
 
 class _Rows(Value):
@@ -80,7 +86,7 @@ class Interpreter:
         self._handlers = {DimShuffle: self._dimshuffle, Elemwise: self._elemwise, Dot: self._dot,
                           CAReduce: self._careduce, MakeVector: self._make_vector,
                           Subtensor: self._subtensor, Join: self._join, Alloc: self._alloc,
-                          Shape_i: self._shape_i, Shape: self._shape, SpecifyShape: self._same,
+                          Shape_i: self._shape_i, SpecifyShape: self._same,
                           ScalarFromTensor: self._same, TensorFromScalar: self._same,
                           ps.ScalarOp: self._elemwise,
                           AdvancedSubtensor: self._pick, AdvancedIncSubtensor: self._add_at}
@@ -88,10 +94,10 @@ class Interpreter:
             if hasattr(_subtensor_ops, name):  # (PyTensor 2's; PyTensor 3 has only the general ones)
                 self._handlers[getattr(_subtensor_ops, name)] = handler
 
-    def run(self, env, nodes=None):
-        """``env`` (Variable -> Value) completed with every node of
-        ``nodes`` (default: the graph's, in order)."""
-        for node in nodes if nodes is not None else self.fgraph.toposort():
+    def run(self, env):
+        """``env`` (Variable -> Value: the graph's inputs) completed with
+        every node of the graph."""
+        for node in self.fgraph.toposort():
             handler = next((h for t, h in self._handlers.items() if isinstance(node.op, t)), None)
             if handler is None:
                 raise Unsupported("Op %s" % node.op)
@@ -108,10 +114,7 @@ class Interpreter:
             data = np.asarray(var.data)
             if data.size > MAX_COMPONENTS:
                 raise Unsupported("a constant of %d values" % data.size)
-            comps = np.empty(data.shape, dtype=object)
-            for idx in np.ndindex(data.shape):
-                comps[idx] = data[idx]
-            env[var] = Value(comps)
+            env[var] = Value(comps_from(lambda idx: data[idx], data.shape))
             return env[var]
         raise Unsupported("input %s not given" % var)
 
@@ -284,9 +287,6 @@ class Interpreter:
             return [self._rows()]
         raise Unsupported("the shape of a tensor without rows")  # (constant folding leaves none)
 
-    def _shape(self, node, x):
-        raise Unsupported("a shape")
-
     def _rows(self):
         jnp = jnp_module()
         return _Rows(jnp.sum(self.mask.astype(jnp.int64)))
@@ -295,29 +295,27 @@ class Interpreter:
 
     def _row_reduce(self, scalar_op, v):
         jnp = jnp_module()
-        v = jnp.broadcast_to(v, self.mask.shape)
-        ident = _identity(scalar_op)
-        if isinstance(scalar_op, ps.Add):
-            return jnp.sum(jnp.where(self.mask, v, ident))
-        if isinstance(scalar_op, ps.Mul):
-            return jnp.prod(jnp.where(self.mask, v, ident))
-        if isinstance(scalar_op, ps.ScalarMaximum):
-            return jnp.max(jnp.where(self.mask, v, ident))
-        if isinstance(scalar_op, ps.ScalarMinimum):
-            return jnp.min(jnp.where(self.mask, v, ident))
-        if isinstance(scalar_op, ps.AND):
-            return jnp.min(jnp.where(self.mask, v, True).astype(jnp.int32)) > 0
-        if isinstance(scalar_op, ps.OR):
-            return jnp.max(jnp.where(self.mask, v, False).astype(jnp.int32)) > 0
-        raise Unsupported("a reduction over rows by %s" % scalar_op)
+        ident, name = _reduction(scalar_op)
+        kept = jnp.where(self.mask, jnp.broadcast_to(v, self.mask.shape), ident)
+        if isinstance(scalar_op, (ps.AND, ps.OR)):  # (as 0 and 1: Triton reduces numbers)
+            return getattr(jnp, name)(kept.astype(jnp.int32)) > 0
+        return getattr(jnp, name)(kept)
+
+
+# A reduction's identity (what masked rows hold) and the jax.numpy function that reduces rows by it.
+_REDUCTIONS = ((ps.Add, 0, "sum"), (ps.Mul, 1, "prod"), (ps.ScalarMaximum, -np.inf, "max"),
+               (ps.ScalarMinimum, np.inf, "min"), (ps.AND, True, "min"), (ps.OR, False, "max"))
+
+
+def _reduction(scalar_op):
+    for kind, ident, name in _REDUCTIONS:
+        if isinstance(scalar_op, kind):
+            return ident, name
+    raise Unsupported("a reduction by %s" % scalar_op)
 
 
 def _identity(scalar_op):
-    for kind, value in ((ps.Add, 0), (ps.Mul, 1), (ps.ScalarMaximum, -np.inf), (ps.ScalarMinimum, np.inf),
-                        (ps.AND, True), (ps.OR, False)):
-        if isinstance(scalar_op, kind):
-            return value
-    raise Unsupported("a reduction by %s" % scalar_op)
+    return _reduction(scalar_op)[0]
 
 
 def _cast(v, dtype):

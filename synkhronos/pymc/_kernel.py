@@ -24,7 +24,7 @@ from pytensor.graph.op import Op
 from pytensor.graph.replace import clone_replace
 
 from .._graph.jax_shapes import jax_mode
-from ._blocks import Interpreter, Value
+from ._blocks import Interpreter, Value, comps_from
 
 __all__ = ["BLOCK", "KERNEL_ENV", "Kernel", "RowsKernel", "jax_form", "kernel_compiles", "rows_kernel"]
 
@@ -177,7 +177,7 @@ class Kernel:
         shapes = self._output_shapes(params, data, rows)
         sizes = [math.prod(s) for s in shapes]
         per_point = sum(sizes)
-        part = self._pallas(params, data, rows, points, n, blocks, shapes, per_point)
+        part = self._pallas(params, data, rows, points, n, blocks, per_point)
         total = jnp.sum(part, axis=1).reshape(points, per_point)
         outs, at = [], 0
         for var, shape, size in zip(self.fgraph.outputs, shapes, sizes):
@@ -196,9 +196,9 @@ class Kernel:
         def probe():
             mask = jnp.ones((BLOCK,), dtype=bool)
             env = self._inputs_env(
-                [_comps_from(lambda c, p=p: jnp.zeros((), p.dtype), p.shape[1:]) for p in params],
-                [_comps_from(lambda c, d=d: jnp.zeros((), d.dtype), d.shape) for d in data],
-                [_comps_from(lambda c, r=r: jnp.zeros((BLOCK,), r.dtype), r.shape[1:]) for r in rows])
+                [comps_from(lambda c, p=p: jnp.zeros((), p.dtype), p.shape[1:]) for p in params],
+                [comps_from(lambda c, d=d: jnp.zeros((), d.dtype), d.shape) for d in data],
+                [comps_from(lambda c, r=r: jnp.zeros((BLOCK,), r.dtype), r.shape[1:]) for r in rows])
             Interpreter(self.fgraph, mask).run(env)
             for o in self.fgraph.outputs:
                 if env[o].row is not None:
@@ -211,7 +211,7 @@ class Kernel:
 
     def _inputs_env(self, params, data, rows):
         env = {}
-        for var, comps in zip(self.params, params or ()):
+        for var, comps in zip(self.params, params):
             env[var] = Value(comps)
         for var, comps in zip(self.data, data):
             env[var] = Value(comps)
@@ -219,7 +219,7 @@ class Kernel:
             env[var] = Value(comps[None, ...] if comps.ndim else comps.reshape((1,)), row=0)
         return env
 
-    def _pallas(self, params, data, rows, points, n, blocks, shapes, per_point):
+    def _pallas(self, params, data, rows, points, n, blocks, per_point):
         import jax
         import jax.numpy as jnp
         from jax.experimental import pallas as pl
@@ -242,13 +242,13 @@ class Kernel:
 
             def row_load(ref, shape):
                 width = math.prod(shape)
-                return _comps_from(lambda c: plt.load(ref.at[safe * width + _flat_index(c, shape)],
+                return comps_from(lambda c: plt.load(ref.at[safe * width + _flat_index(c, shape)],
                                                       mask=mask, other=0), shape)
 
             env = self._inputs_env(
-                [_comps_from(lambda c, ref=ref, s=s: ref[k * math.prod(s) + _flat_index(c, s)], s)
+                [comps_from(lambda c, ref=ref, s=s: ref[k * math.prod(s) + _flat_index(c, s)], s)
                  for ref, s in zip(p_refs, p_shapes)],
-                [_comps_from(lambda c, ref=ref, s=s: ref[_flat_index(c, s)], s)
+                [comps_from(lambda c, ref=ref, s=s: ref[_flat_index(c, s)], s)
                  for ref, s in zip(d_refs, d_shapes)],
                 [row_load(ref, s) for ref, s in zip(r_refs, r_shapes)])
             Interpreter(self.fgraph, mask).run(env)
@@ -291,9 +291,3 @@ def _concrete(shape):
 def _flat_index(index, shape):
     return int(np.ravel_multi_index(index, shape)) if shape else 0
 
-
-def _comps_from(load, shape):
-    comps = np.empty(tuple(shape), dtype=object)
-    for idx in np.ndindex(tuple(shape)):
-        comps[idx] = load(idx)
-    return comps

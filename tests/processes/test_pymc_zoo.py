@@ -187,29 +187,43 @@ def test_logp_and_gradient_equal_pymcs(session, make, batch):
     assert_same_density(model, split)
 
 
-def _batched_graph_values(model, on_gpu, shifts=(0.0, 0.1, -0.05)):
+class _RanksGraphs:
+    """The ranks' graphs of ``model`` as ``data_parallel`` builds them: the
+    terms, the graph of one point (``single``, checks compiled), the batched one
+    (``stacked`` params -> ``outputs``), and ``points``: the initial point
+    shifted by each of ``shifts``, stacked."""
+
+    def __init__(self, model, shifts=(0.0, 0.1, -0.05)):
+        from synkhronos.pymc._checks import parameter_checks
+        from synkhronos.pymc._model import _batched, _observed
+        from synkhronos.pymc._terms import _initial_params, find_terms, row_count, rows_of, worker_graph
+
+        chosen = _observed(model, None)
+        n = row_count(model, chosen)
+        self.terms = find_terms(model, [rv for rv in chosen if rows_of(model, rv) == n], n)
+        self.params, self.data, self.shareds, total, grads = worker_graph(self.terms)
+        self.single = parameter_checks([total] + grads, True)
+        self.stacked, self.outputs = _batched(self.params, self.single, total, True)
+        start = _initial_params(model, self.terms.params)
+        self.points = [np.stack([p + s if p.dtype.kind == "f" else p for s in shifts]) for p in start]
+        self.data_values = [d.get_value() for d in self.terms.data]
+
+
+def _batched_graph_values(model, on_gpu):
     """The ranks' batched graph of ``model`` (for GPU ranks or CPU ranks) at
-    the initial point shifted by each of ``shifts``; and its graph.  (Run by
-    PyTensor's Python linker: PyTensor's JAX mode alone, without the ranks'
-    static shapes, fails on some of these graphs at random.)"""
+    ``_RanksGraphs``' points; and its graph.  (Run by PyTensor's Python linker:
+    PyTensor's JAX mode alone, without the ranks' static shapes, fails on some
+    of these graphs at random.)"""
     import pytensor
 
-    from synkhronos.pymc._checks import parameter_checks
-    from synkhronos.pymc._model import _batched, _gpu_forms, _observed
-    from synkhronos.pymc._terms import _initial_params, find_terms, row_count, rows_of, worker_graph
+    from synkhronos.pymc._model import _gpu_forms
 
-    chosen = _observed(model, None)
-    n = row_count(model, chosen)
-    terms = find_terms(model, [rv for rv in chosen if rows_of(model, rv) == n], n)
-    params, data, shareds, total, grads = worker_graph(terms)
-    for shared, value in zip(shareds, terms.row_values):
+    g = _RanksGraphs(model)
+    for shared, value in zip(g.shareds, g.terms.row_values):
         shared.set_value(value)
-    stacked, outputs = _batched(params, parameter_checks([total] + grads, True), total, True)
-    outputs = _gpu_forms(outputs) if on_gpu else outputs
-    fn = pytensor.function(stacked + data, outputs, mode=pytensor.compile.mode.Mode("py", "fast_run"))
-    start = _initial_params(model, terms.params)
-    points = [np.stack([p + s if p.dtype.kind == "f" else p for s in shifts]) for p in start]
-    return [np.asarray(o) for o in fn(*points, *[d.get_value() for d in terms.data])], outputs
+    outputs = _gpu_forms(g.outputs) if on_gpu else g.outputs
+    fn = pytensor.function(g.stacked + g.data, outputs, mode=pytensor.compile.mode.Mode("py", "fast_run"))
+    return [np.asarray(o) for o in fn(*g.points, *g.data_values)], outputs
 
 
 @pytest.mark.parametrize("make", [m for m in MODELS if m not in UNBATCHED] + [lambda: logistic(N)],
@@ -237,33 +251,25 @@ def test_the_gpu_ranks_batched_graph_gives_the_same_values(make):
         assert softplus == {OneExpSoftplus}, softplus
 
 
-def _rows_kernel_values(model, shifts=(0.0, 0.1, -0.05)):
-    """``_batched_graph_values``' points through the GPU ranks' ``RowsKernel``
-    (Pallas's interpreter on the CPU, JAX in 64 bits); and whether the kernel
-    took the graph (else the batched graph's JAX function)."""
+def _rows_kernel_values(model):
+    """``_RanksGraphs``' points through the GPU ranks' ``RowsKernel`` (Pallas's
+    interpreter on the CPU, JAX in 64 bits); and whether the kernel took the
+    graph (else the batched graph's JAX function)."""
     import jax
 
-    from synkhronos.pymc._checks import parameter_checks
     from synkhronos.pymc._kernel import Kernel, jax_form, rows_kernel
-    from synkhronos.pymc._model import _batched, _gpu_forms, _observed
+    from synkhronos.pymc._model import _gpu_forms
     from synkhronos.pymc._softplus import with_one_exp_softplus
-    from synkhronos.pymc._terms import _initial_params, find_terms, row_count, rows_of, worker_graph
 
-    chosen = _observed(model, None)
-    n = row_count(model, chosen)
-    terms = find_terms(model, [rv for rv in chosen if rows_of(model, rv) == n], n)
-    params, data, shareds, total, grads = worker_graph(terms)
-    single = parameter_checks([total] + grads, True)
-    stacked, outputs = _batched(params, single, total, True)
-    kernel = rows_kernel(params, data, shareds, with_one_exp_softplus(single), stacked, _gpu_forms(outputs))
+    g = _RanksGraphs(model)
+    kernel = rows_kernel(g.params, g.data, g.shareds, with_one_exp_softplus(g.single), g.stacked,
+                         _gpu_forms(g.outputs))
     op = kernel[0].owner.op
-    start = _initial_params(model, terms.params)
-    points = [np.stack([p + s if p.dtype.kind == "f" else p for s in shifts]) for p in start]
     before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
         fn = jax_form(op, interpret=True)
-        got = fn(*points, *[d.get_value() for d in terms.data], *terms.row_values)
+        got = fn(*g.points, *g.data_values, *g.terms.row_values)
     finally:
         jax.config.update("jax_enable_x64", before)
     got = got if isinstance(got, (tuple, list)) else [got]

@@ -326,6 +326,14 @@ def _child(args, kind, *flags):
     return json.loads(lines[-1][len("@@RESULT "):])
 
 
+def _lingered(batcher):
+    """Seconds spent waiting for chains due back: by the batcher (threads) and
+    by the session's service (chain processes)."""
+    from synkhronos._session import runtime
+
+    return batcher.lingered_s + runtime.require().service.lingered_s
+
+
 def _sizes(counter):
     return {int(n): int(k) for n, k in sorted(counter.items()) if k}
 
@@ -512,11 +520,11 @@ def sampling(args):
                 if part not in parts:
                     continue
                 batcher = op.evaluator.batcher
-                before, lingered = collections.Counter(batcher.sizes), batcher.lingered_s
+                before, lingered = collections.Counter(batcher.sizes), _lingered(batcher)
                 copy[name] = run(fast, args)
                 sizes[name] = _since(batcher.sizes, before)
-                print("  %s, copy: %.1f s, points:runs %s, runs waited for chains %.1f s"
-                      % (name, copy[name][0], sizes[name], batcher.lingered_s - lingered), flush=True)
+                print("  %s, copy: %.1f s, points:runs %s, waited for chains %.1f s"
+                      % (name, copy[name][0], sizes[name], _lingered(batcher) - lingered), flush=True)
             per_eval = copy_per_eval(fast, args) if "jax-eval" in parts else None
             if per_eval is not None and args.gpu:
                 per_eval["kernel"] = kernel_on_off(model, fast, args)

@@ -2,7 +2,7 @@
 
 Chains ask for the log-density at their points independently: nutpie's chains
 from threads of this process, PyMC's from processes of their own (through the
-session's service, whose threads then ask here).  ``Batcher`` lets whoever asks
+session's service, whose thread then asks here).  ``Batcher`` lets whoever asks
 while no evaluation runs take every point pending at that moment and evaluate
 them in one call of the ranks, each rank reading its rows once for all of them;
 the others wait for their results.  A point asked for alone is evaluated alone,
@@ -12,38 +12,36 @@ Taking only what is pending splits K chains into groups that take turns: the
 chains of one run ask again while the next run (the other group's) goes on,
 so each run holds about K/2 points and every chain waits a whole run for
 nothing.  With ``linger``, a run first waits for the callers of the run before
-it that have not asked again yet but are expected to soon: each caller's time
-from its result to its next point is measured, and one that is expected within
-``linger`` times the last run's time is waited for, until it asks or is late
-(half its usual time again).  So the groups merge; a chain that thinks longer
-than that is not waited for, and one that has stopped costs one short wait.
+it that have not asked again yet but are expected to soon (``_common.returns``).
+So the groups merge.  The session's service asks for all its children's
+points at once (``evaluate_many``), having waited for them the same way.
 """
 
 import collections
 import threading
 import time
 
+from .._common.returns import Returns
+
 __all__ = ["Batcher", "LINGER"]
 
 LINGER = 0.5  # a batched evaluator's linger (see the docs page "PyMC" for what it measured)
-LINGER_CAP_S = 0.02  # never wait longer than this for a chain, whatever a run takes
-_CALLERS_KEPT = 256
-_LATE = 1.5  # a chain not back within this many times its usual time is not waited for
 
 
 class _Request:
     __slots__ = ("point", "caller", "result", "error", "done")
 
-    def __init__(self, point):
+    def __init__(self, point, caller):
         self.point = point
-        self.caller = threading.get_ident()  # a chain: a thread here, or a child's service thread
+        self.caller = caller
         self.result = self.error = None
         self.done = False
 
 
 class Batcher:
-    """``evaluate(point)`` from any thread; ``run(points) -> results`` (one per
-    point, in order) is called with every point pending, one call at a time.
+    """``evaluate(point)`` or ``evaluate_many(points)`` from any thread;
+    ``run(points) -> results`` (one per point, in order) is called with every
+    point pending, one call at a time.
 
     ``linger``: the fraction of the last run's time that a run waits for the
     last run's callers to ask again (0: never waits; see the module docstring).
@@ -52,59 +50,46 @@ class Batcher:
 
     def __init__(self, run, linger=0.0):
         self._run = run
-        self._linger = linger
         self._cond = threading.Condition()
         self._pending = []
         self._busy = False
-        self._last_callers = frozenset()
-        self._last_run_s = 0.0
-        self._released = {}  # caller -> when its last result was handed back
-        self._think_s = {}  # caller -> its time from a result to its next point (moving average)
+        self._returns = Returns(linger)
         self.sizes = collections.Counter()  # points in one run -> runs (read by tests and benchmarks)
         self.lingered_s = 0.0  # time runs waited for chains, all told (read by tests and benchmarks)
 
     def evaluate(self, point):
-        request = _Request(point)
+        return self.evaluate_many([point])[0]
+
+    def evaluate_many(self, points):
+        """The results at ``points``, all computed in one run (with any other
+        caller's points pending then)."""
+        caller = threading.get_ident()  # a chain: a thread here, or the service's for its children
+        requests = [_Request(p, caller) for p in points]
         with self._cond:
-            self._measure_think(request.caller)
-            self._pending.append(request)
+            self._returns.arrived(caller, time.monotonic())
+            self._pending += requests
             self._cond.notify_all()  # a run waiting for this caller looks again
-            while self._busy and not request.done:
+            while self._busy and not requests[0].done:
                 self._cond.wait()
-            if not request.done:  # nothing runs: take every pending point
+            if not requests[0].done:  # nothing runs: take every pending point
                 self._busy = True
                 self._wait_for_last_callers()
                 batch, self._pending = self._pending, []
-        if not request.done:
+        if not requests[0].done:
             self._lead(batch)
-        if request.error is not None:
-            raise request.error
-        return request.result
-
-    def _forget_callers_but(self, kept):
-        self._released = {c: t for c, t in self._released.items() if c in kept}
-        self._think_s = {c: t for c, t in self._think_s.items() if c in kept}
-
-    def _measure_think(self, caller):
-        released = self._released.pop(caller, None)
-        if released is not None:
-            took = time.monotonic() - released
-            before = self._think_s.get(caller)
-            self._think_s[caller] = took if before is None else 0.7 * before + 0.3 * took
+        for r in requests:
+            if r.error is not None:
+                raise r.error
+        return [r.result for r in requests]
 
     def _wait_for_last_callers(self):
         """(Holding the lock.)  Until every caller of the last run that is
-        expected before the linger is over has a point pending, or is late
-        (half its usual time again), or the linger is over."""
+        expected back before the linger is over has a point pending, or is
+        late, or the linger is over."""
         start = time.monotonic()
-        deadline = start + min(self._linger * self._last_run_s, LINGER_CAP_S)
-        expected = {c: self._released[c] + _LATE * self._think_s[c] for c in self._last_callers
-                    if c in self._released and c in self._think_s}
-        expected = {c: t for c, t in expected.items() if t <= deadline}
-        until = min(deadline, max(expected.values(), default=start))
+        expected, until = self._returns.expected(start)
         while expected:
-            for r in self._pending:
-                expected.pop(r.caller, None)
+            expected.difference_update(r.caller for r in self._pending)
             left = until - time.monotonic()
             if not expected or left <= 0:
                 break
@@ -125,12 +110,8 @@ class Batcher:
         finally:
             with self._cond:
                 self.sizes[len(batch)] += 1
-                now = time.monotonic()
-                self._last_callers = frozenset(r.caller for r in batch)
-                self._last_run_s = now - start
-                self._released.update((c, now) for c in self._last_callers)
-                if len(self._released) + len(self._think_s) > _CALLERS_KEPT:  # threads come and go
-                    self._forget_callers_but(self._last_callers.union(r.caller for r in self._pending))
+                self._returns.released({r.caller for r in batch}, start, time.monotonic(),
+                                       {r.caller for r in self._pending})
                 for r in batch:
                     r.done = True
                 self._busy = False

@@ -16,6 +16,7 @@ from ._checks import parameter_checks, ranks_checks
 from ._graphs import rewritten
 from ._kernel import KERNEL_ENV, kernel_compiles, rows_kernel
 from ._op import Evaluator, RowsLogp, register_backends
+from ._packed import packed_graph
 from ._potentials import row_potentials
 from ._products import feature_sums
 from ._softplus import with_one_exp_softplus
@@ -176,14 +177,18 @@ def _distributed_op(terms, batch, check_bounds):
         outputs = _gpu_forms(outputs)  # (our own Ops and PyTensor's: they pickle)
         if batched and env_flag(KERNEL_ENV, True):
             outputs = _one_kernel(params, data, row_shareds, single, batched_params, outputs)
-    fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=batched_params + data,
+    inputs, packing = batched_params, None
+    if batched and packed_graph(batched_params, outputs) is not None:
+        points, packed, packing = packed_graph(batched_params, outputs)
+        inputs, outputs = [points], [packed]
+    fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=inputs + data,
                             name="pymc rows of %s" % terms.names())
     _distribute(fn, terms)
     _coll.scatter(row_shareds, terms.row_values)
     continuous = [_continuous(p) for p in params] + [False] * len(data)
-    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in batched_params + data]
-    evaluator = Evaluator(fn, datas, len(params), batched)
-    route = runtime.require().service.route(evaluator.evaluate)
+    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in inputs + data]
+    evaluator = Evaluator(fn, datas, len(params), batched, packing)
+    route = runtime.require().service.route(evaluator.serve, evaluator.linger)
     register_backends()
     return RowsLogp(evaluator, route, terms.names(), total.dtype, continuous)
 

@@ -33,17 +33,24 @@ class Evaluator:
     point, else it takes one point.  ``datas``: the ``synkhronos.Data`` each
     input is broadcast from, written in place under the session's lock."""
 
-    def __init__(self, fn, datas, n_params, batched):
+    def __init__(self, fn, datas, n_params, batched, packing=None):
         self.fn = fn
         self.datas = datas
         self.n_params = n_params
         self.batched = batched
-        self.batcher = Batcher(self._run, linger=LINGER if batched else 0.0)
+        self.packing = packing  # a batched call's one matrix in and out (``_packed``), or None
+        self.linger = LINGER if batched else 0.0
+        self.batcher = Batcher(self._run, linger=self.linger)
         self.rt = fn._rt
 
     def evaluate(self, inputs):
         """``[logp, *grads]`` at ``inputs`` (the Op's inputs, as arrays)."""
         return self.batcher.evaluate([np.asarray(x) for x in inputs])
+
+    def serve(self, requests):
+        """``evaluate`` for the session's service: each request holds one child's
+        inputs; all are evaluated in one run."""
+        return self.batcher.evaluate_many([[np.asarray(x) for x in inputs] for (inputs,) in requests])
 
     def _run(self, points):
         with runtime.locked():  # the Data are written, then read by the call, as one step
@@ -51,10 +58,17 @@ class Evaluator:
                 return [self._call(p) for p in points]
             results = []
             for group in _same_data(points, self.n_params):
-                stacked = [np.stack([p[i] for p in group]) for i in range(self.n_params)]
-                outs = self._call(stacked + group[0][self.n_params:])
-                results += [(k, [o[j] for o in outs]) for j, k in enumerate(group.keys)]
+                results += zip(group.keys, self._call_batched(group))
             return [r for _, r in sorted(results, key=lambda kr: kr[0])]
+
+    def _call_batched(self, group):
+        """Each point's results, the points of ``group`` in one call."""
+        data = group[0][self.n_params:]
+        if self.packing is not None:
+            (packed,) = self._call([self.packing.points(group, self.n_params)] + data)
+            return self.packing.results(packed)
+        outs = self._call([np.stack([p[i] for p in group]) for i in range(self.n_params)] + data)
+        return [[o[j] for o in outs] for j in range(len(group))]
 
     def _call(self, values):
         for d, x in zip(self.datas, values):

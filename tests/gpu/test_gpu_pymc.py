@@ -55,7 +55,8 @@ def test_forked_and_threaded_chains_on_a_gpu_rank(session):
 
     plain = chains.logistic()
     split = data_parallel(plain)
-    assert split.potentials[0].owner.op.evaluator.batched, "batched by default on GPU ranks"
+    evaluator = split.potentials[0].owner.op.evaluator
+    assert evaluator.batched and evaluator.packing is not None, "batched and packed by default on GPU ranks"
     here = chains._pm_sample(split, cores=1)
     before = chains.evaluations(split)
     forked = chains._pm_sample(split, cores=2, mp_ctx="fork")

@@ -187,8 +187,13 @@ def test_a_closed_session_is_named_at_the_next_evaluation():
 # ------------------------------------------------------------------ batcher
 @settings(max_examples=30, deadline=None)
 @given(threads=st.integers(1, 8), calls=st.integers(1, 12), failing=st.sets(st.integers(0, 95), max_size=4),
-       pause=st.sampled_from((0.0, 0.0005, 0.002)), linger=st.sampled_from((0.0, 0.5, 3.0)))
-def test_batcher_against_a_plain_model(threads, calls, failing, pause, linger):
+       pause=st.sampled_from((0.0, 0.0005, 0.002)), linger=st.sampled_from((0.0, 0.5, 3.0)),
+       many=st.sets(st.integers(0, 7)))
+def test_batcher_against_a_plain_model(threads, calls, failing, pause, linger, many):
+    """Threads asking for points (alone, or several at once with
+    ``evaluate_many``, as the session's service does for its children): every
+    point in exactly one run, each caller its own results, a failing run's error
+    raised to every caller of a point in it, a caller's points in one run."""
     runs = []
     pending = set()
     lock = threading.Lock()
@@ -207,16 +212,18 @@ def test_batcher_against_a_plain_model(threads, calls, failing, pause, linger):
     errors = []
 
     def chain(t):
-        for i in range(calls):
-            point = t * 12 + i
+        step = 3 if t in many else 1  # points asked for at once
+        for i in range(0, calls, step):
+            points = [t * 12 + j for j in range(i, min(i + step, calls))]
             with lock:
-                pending.add(point)
+                pending.update(points)
             try:
-                got = b.evaluate(point)
+                got = b.evaluate_many(points) if t in many else [b.evaluate(points[0])]
             except ValueError as exc:
-                errors.append((point, str(exc)))
+                errors.extend((p, str(exc)) for p in points)
                 continue
-            assert got == point * 10, (point, got)
+            assert got == [p * 10 for p in points], (points, got)
+            assert any(set(points) <= set(r) for r in runs), "a caller's points in one run"
 
     workers = [threading.Thread(target=chain, args=(t,)) for t in range(threads)]
     for w in workers:

@@ -444,6 +444,7 @@ for name in sys.argv[1:]:
     split = data_parallel(model)
     ev = split.potentials[-1].owner.op.evaluator
     assert type(ev.fn._core.plain.maker.linker).__name__ == "JAXLinker" and ev.batched, name
+    assert ev.packing is not None, name  # one matrix of points in, one of results out
     # (XLA's digamma, in the Gamma's gradient, is PyMC's to 1.3e-9)
     assert_same_density(model, split, rtol=1e-8 if name == "gamma_glm" else 1e-9)
     print("ok", name, flush=True)

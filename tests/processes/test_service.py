@@ -18,10 +18,19 @@ import pytest
 from synkhronos._session.child_service import Route, Service, call
 
 
-def _square_plus(x, y):
+def _each(fn):
+    """A service handler (a list of requests' arguments) from a function of one request's."""
+    return lambda requests: [fn(*args) for args in requests]
+
+
+def _square_plus_one(x, y):
     return np.asarray(x) ** 2 + y
 
 
+_square_plus = _each(_square_plus_one)
+
+
+@_each
 def _fails(x):
     raise ValueError("bad x %r" % (x,))
 
@@ -31,6 +40,7 @@ class _Unpicklable(Exception):
         raise TypeError("no")
 
 
+@_each
 def _fails_unpicklably():
     raise _Unpicklable("local state")
 
@@ -120,6 +130,7 @@ def test_a_child_asking_when_the_session_closes_is_told():
     s = Service()
     started = threading.Event()
 
+    @_each
     def slow(x):
         started.set()
         time.sleep(0.5)
@@ -132,3 +143,46 @@ def test_a_child_asking_when_the_session_closes_is_told():
     closer.join()
     # The call under way when close() came either finished or was told why it ended.
     assert (kind, got) == ("ok", 5) or (kind == "error" and "closed" in got)
+
+
+def test_children_asking_at_once_share_one_call_and_get_their_own_results(service):
+    """Four forked children asking again and again: each gets the results of
+    its own arguments, and the handler was called with several children's
+    requests at once (one thread serves them all)."""
+    sizes = []
+
+    def tenfold(requests):
+        sizes.append(len(requests))
+        time.sleep(0.002)  # a run: the others ask meanwhile
+        return [10 * x for (x,) in requests]
+
+    route = service.route(tenfold, linger=0.5)
+    ctx = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    for c in range(4):
+        parent, child = ctx.Pipe()
+
+        def target(c=c, child=child):
+            child.send([call(route, 100 * c + i) for i in range(40)])
+
+        procs.append(ctx.Process(target=target))
+        pipes.append(parent)
+    for p in procs:
+        p.start()
+    try:
+        for c, parent in enumerate(pipes):
+            assert parent.poll(60), "child %d did not answer" % c
+            assert parent.recv() == [10 * (100 * c + i) for i in range(40)]
+    finally:
+        for p in procs:
+            p.join(30)
+    assert sum(sizes) == 160
+    assert max(sizes) > 1 and len(sizes) < 160, sizes
+
+
+def test_a_result_that_does_not_pickle_is_an_error_in_the_child_and_the_service_goes_on(service):
+    odd = service.route(lambda requests: [threading.Lock() for _ in requests])
+    kind, text = _in_fork(lambda: call(odd))
+    assert kind == "error" and "did not pickle" in text, text
+    good = service.route(_square_plus)
+    assert _in_fork(lambda: float(call(good, 2.0, 0.5))) == ("ok", 4.5)

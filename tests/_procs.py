@@ -7,8 +7,8 @@ import tempfile
 import time
 
 __all__ = ["distribute_unhurried", "SHM_DIR", "segments", "session_names", "proc_stat", "proc_exists",
-           "worker_children", "our_segments", "orphaned_segments", "new_orphans", "our_tmpdirs",
-           "socket_inodes", "Leftovers"]
+           "worker_children", "our_segments", "session_segments", "orphaned_segments", "new_orphans",
+           "our_tmpdirs", "socket_inodes", "Leftovers"]
 
 SHM_DIR = "/dev/shm"
 
@@ -46,24 +46,28 @@ def our_segments():
     return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n))
 
 
+def session_segments():
+    """``{name: pid of the session's master}`` of every session's segment and
+    semaphore on this machine."""
+    if not os.path.isdir(SHM_DIR):
+        return {}
+    pattern = re.compile(r"(sem\.)?synk_(\d+)[0-9a-f]{32}_")
+    return {name: int(m.group(2)) for name in os.listdir(SHM_DIR) for m in [pattern.match(name)] if m}
+
+
 def orphaned_segments():
     """Segments and semaphores of any session whose master process is gone: what
     finished runs left behind.  Live sessions of other processes (another worker
     of a parallel test run) are not counted."""
-    if not os.path.isdir(SHM_DIR):
-        return set()
-    pattern = re.compile(r"(sem\.)?synk_(\d+)[0-9a-f]{32}_")
-    left = set()
-    for name in os.listdir(SHM_DIR):
-        match = pattern.match(name)
-        if match and proc_stat(int(match.group(2))) is None:
-            left.add(name)
-    return left
+    return {name for name, pid in session_segments().items() if proc_stat(pid) is None}
 
 
 def new_orphans(before, grace_s=15.0):
-    """Orphaned segments (``orphaned_segments``) not in ``before`` that are still
-    there after up to ``grace_s`` seconds: what a finished run leaked.  When a
+    """Orphaned segments (``orphaned_segments``) not in ``before`` (take it with
+    ``session_segments``: a segment left long ago by a process whose pid a live
+    process has since taken is no orphan then, and becomes one when that process
+    ends) that are still there after up to ``grace_s`` seconds: what a finished
+    run leaked.  When a
     master dies its workers remove the session on their next look (``worker.
     _watch_master``): a session that a test running beside this one kills leaves
     orphans for that moment, which must not count here."""

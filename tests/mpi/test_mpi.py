@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 from _mpirun import MPICH, MPIRUN, ROOT, mpi_env
-from _procs import new_orphans, orphaned_segments
+from _procs import new_orphans, session_segments
 
 HERE = ROOT / "tests"
 
@@ -27,7 +27,7 @@ def mpirun(n, script, *args, options=(), env=None, timeout=180):
 
 
 def test_functions_and_collectives_match_the_single_host_runtime(tmp_path):
-    before = orphaned_segments()
+    before = session_segments()
     multi = mpirun(4, HERE / "_mpi_session.py", tmp_path / "mpi.npz")
     assert multi.returncode == 0, multi.stdout + multi.stderr
     assert "on 4 hosts" in multi.stderr
@@ -50,7 +50,7 @@ def test_an_error_on_another_host_reaches_the_master_and_the_session_goes_on():
 @pytest.mark.parametrize("where, fault", [("call", "2:call:2:crash"), ("collective", "2:collective:1:crash")])
 def test_a_dead_rank_on_another_host_raises_in_the_master(where, fault):
     """``--enable-recovery``: Open MPI's launcher lets the other ranks run on."""
-    before = orphaned_segments()
+    before = session_segments()
     t0 = time.monotonic()
     out = mpirun(4, HERE / "_mpi_fault.py", where, options=["--enable-recovery"],
                  env={"SYNKHRONOS_FAULT": fault}, timeout=120)
@@ -149,7 +149,7 @@ def test_mpich_hydra_launch(tmp_path):
     assert sorted(one.files) == sorted(many.files)
     for key in one.files:
         np.testing.assert_allclose(many[key], one[key], rtol=1e-6, err_msg=key)
-    before = orphaned_segments()
+    before = session_segments()
     crash = subprocess.run([hydra, "-disable-auto-cleanup", "-n", "4", sys.executable,
                             str(HERE / "_mpi_fault.py"), "call"], capture_output=True, text=True,
                            timeout=120, env=dict(env, SYNKHRONOS_FAULT="2:call:2:crash"), cwd=ROOT)

@@ -6,10 +6,10 @@ caller's time from its result to its next request is measured (a moving
 average), and one that is expected back within ``linger`` times the last run's
 time is waited for, until it asks, or the linger is over, or it is late (four
 times its usual time: a chain's steps that end a draw take longer than the
-rest, and waiting for such a step cost less than a run without it).  A caller that thinks longer is
-not waited for, and one that has stopped costs one short wait.  ``Returns``
-keeps those times; ``pymc._batch.Batcher`` (threads of this process) and
-``_session.child_service`` (child processes) wait by it.
+rest, and waiting for such a step cost less than a run without it).  A caller
+that thinks longer is not waited for, and one that has stopped costs one short
+wait.  ``Returns`` keeps those times; ``pymc._batch.Batcher`` (threads of this
+process) and ``_session.child_service`` (child processes) wait by it.
 """
 
 __all__ = ["Returns", "LINGER_CAP_S"]

@@ -178,8 +178,9 @@ def _distributed_op(terms, batch, check_bounds):
         if batched and env_flag(KERNEL_ENV, True):
             outputs = _one_kernel(params, data, row_shareds, single, batched_params, outputs)
     inputs, packing = batched_params, None
-    if batched and packed_graph(batched_params, outputs) is not None:
-        points, packed, packing = packed_graph(batched_params, outputs)
+    found = packed_graph(batched_params, outputs) if batched else None
+    if found is not None:
+        points, packed, packing = found
         inputs, outputs = [points], [packed]
     fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=inputs + data,
                             name="pymc rows of %s" % terms.names())

@@ -186,3 +186,13 @@ def test_a_result_that_does_not_pickle_is_an_error_in_the_child_and_the_service_
     assert kind == "error" and "did not pickle" in text, text
     good = service.route(_square_plus)
     assert _in_fork(lambda: float(call(good, 2.0, 0.5))) == ("ok", 4.5)
+
+
+def test_requests_and_replies_larger_than_a_sockets_buffer(service):
+    """A point of 2.4 MB each way (a socket's buffer holds a few hundred KB):
+    the child's send and the service's reply each wait for the other side to
+    read, and nothing is cut short."""
+    route = service.route(_each(lambda x: 2 * x))
+    kind, got = _in_fork(lambda: call(route, np.arange(300_000.0)))
+    assert kind == "ok"
+    np.testing.assert_array_equal(got, 2 * np.arange(300_000.0))

@@ -18,7 +18,9 @@ per input shape, cached by ``jax.jit``; PyTensor compiles the function once.
 
 Checks whose conditions come from shapes alone (PyTensor asserts that inputs of
 unknown shape broadcast) are wrapped in ``ConcreteCheck`` and run when JAX
-traces, where PyTensor's JAX backend would drop them with a warning.
+traces, where PyTensor's JAX backend would drop them with a warning; a shape
+that passed such a check counts as a shape still.  Checks of data are
+``_graph.jax_checks``'s.
 
 Synkhronos adds the rewrite (tag ``synk_concrete_shapes``) to the modes of its
 JAX-mode functions only (``jax_mode``); other PyTensor functions are unchanged.
@@ -113,6 +115,8 @@ class ConcreteShapes(GraphRewriter):
             elif isinstance(node.op, CheckAndRaise) and _wrappable_check(node, concrete):
                 new = ConcreteCheck(node.op).make_node(*[new_of.get(i, i) for i in node.inputs])
                 new_of[node.outputs[0]] = new.outputs[0]
+                if node.inputs[0] in concrete:  # a checked shape: a shape still (PyTensor checks
+                    concrete.add(node.outputs[0])  # that broadcast shapes agree, then uses one)
             elif _wrappable(node, concrete):
                 # A wrapper reads the wrappers of its inputs, so that replacing
                 # brings no wrapped node back into the graph.
@@ -154,9 +158,12 @@ def _register_jax():
     @jax_funcify.register(ConcreteCheck)
     def _jax_concrete_check(op, node, **kwargs):
         def concrete_check(value, *conditions):
-            if not any(isinstance(c, jax.core.Tracer) for c in conditions):
-                if not all(np.all(c) for c in conditions):
-                    raise op.op.exc_type(op.op.msg)
+            if any(isinstance(c, jax.core.Tracer) for c in conditions):
+                # ConcreteShapes wraps only checks of shapes, which JAX knows as it
+                # traces: refuse rather than drop the check, were that ever untrue.
+                raise NotImplementedError("%s: its condition is not known when JAX traces" % op.op)
+            if not all(np.all(c) for c in conditions):
+                raise op.op.exc_type(op.op.msg)
             return value
 
         return concrete_check

@@ -3,7 +3,8 @@
 The device's own choice (JAX on GPU ranks, and on CPU ranks where JAX is the
 default there: see ``_devices.cpu.jax_by_default``), the bf16 rewrite under
 ``fork(precision="bf16")``, the JAX rewrite that keeps shapes computed from
-shapes concrete, and the way back: where JAX is only the default, a graph it
+shapes concrete, the JAX linker that keeps checks (``_graph.jax_checks``), and
+the way back: where JAX is only the default, a graph it
 cannot compile (an Op with no JAX implementation) compiles with PyTensor's own
 default linker, with a log line naming the function and the Op.
 """
@@ -23,7 +24,8 @@ def device_kwargs(device, kwargs):
     the rewrite that takes a maximum's gradient from its operands (``_graph.max_gradient``),
     the bf16 rewrite under ``fork(precision="bf16")`` (see ``_graph.bf16``), and in JAX
     mode the rewrites that keep shapes computed from shapes concrete and
-    reductions in their declared dtype (``_graph.jax_reductions``)."""
+    reductions in their declared dtype (``_graph.jax_reductions``), linked by
+    the JAX linker that keeps the graph's checks (``_graph.jax_checks``)."""
     kwargs = device.function_kwargs(kwargs)
     kwargs["mode"] = max_gradient_mode(kwargs.get("mode"))
     if device.precision == "bf16":
@@ -31,10 +33,11 @@ def device_kwargs(device, kwargs):
 
         kwargs["mode"] = bf16_mode(kwargs.get("mode"))
     if is_jax_mode(kwargs.get("mode")):
+        from .jax_checks import checked_mode
         from .jax_reductions import reduction_dtypes_mode
         from .jax_shapes import jax_mode
 
-        kwargs["mode"] = reduction_dtypes_mode(jax_mode(kwargs["mode"]))
+        kwargs["mode"] = checked_mode(reduction_dtypes_mode(jax_mode(kwargs["mode"])))
     return kwargs
 
 

@@ -8,7 +8,7 @@ from .._common.brief import brief
 from .._common.values import array_fits, as_array, fit_to
 from .._data import Data
 
-__all__ = ["targets", "values_for", "check_static", "array_of"]
+__all__ = ["targets", "as_given", "values_for", "check_static", "array_of"]
 
 
 def targets(rt, shared_vars):
@@ -32,6 +32,12 @@ def targets(rt, shared_vars):
                                "synkhronos.distribute(): call distribute() again first" % (v,))
         ids.append(i)
     return list(variables), ids, single
+
+
+def as_given(items, single):
+    """The results as the targets were given: one for one variable
+    (``single``), a tuple for a list."""
+    return items[0] if single else tuple(items)
 
 
 def values_for(values, variables, single, argname="values"):

@@ -3,13 +3,14 @@ through the host (the exchange buffer and Data segments, one round trip), or
 as device collectives that every rank runs (or queues) at once."""
 
 from .._common.selections import selection_length, take_rows
+from .._common.values import check_flag
 from .._data import Data
 from .._wire.exchange_buffer import unpack
 from .._wire.protocol import Collective, GetShapes, SendShareds, SetShareds
 from .targets import array_of, check_static
 
 __all__ = ["gather_arrays", "set_all", "all_shapes", "shape_table", "equal_shapes", "uniform_shapes",
-           "device_collective"]
+           "use_nccl", "device_collective"]
 
 
 def _tokens(rt, values):
@@ -107,6 +108,12 @@ def equal_shapes(variables, shapes, what):
     for var, per_rank in zip(variables, shapes):
         if len(set(per_rank)) > 1:
             raise ValueError("cannot %s %s: its shapes differ between ranks: %s" % (what, var, per_rank))
+
+
+def use_nccl(rt, nccl):
+    """Whether to run the device's own collective (``nccl=True`` and it has one)."""
+    check_flag(nccl, "nccl")
+    return nccl and rt.device.has_collectives
 
 
 def device_collective(rt, op, ids, args, reduce_op=None):

@@ -1,10 +1,10 @@
-"""Small helpers on PyTensor graphs that the term-finding modules share: the
-values of data in a graph, graphs rebuilt with parts replaced, graphs
-rewritten by named rules, and the one value of a constant."""
+"""Small helpers on PyTensor graphs that the pipeline's stages share: the
+values of data in a graph, stand-ins for rows, graphs rebuilt with parts
+replaced, graphs rewritten by named rules, and the one value of a constant."""
 
 import numpy as np
 
-__all__ = ["leading", "value_of", "replaced", "rewritten", "scalar_constant"]
+__all__ = ["continuous", "leading", "value_of", "row_input", "replaced", "rewritten", "scalar_constant"]
 
 
 def leading(var):
@@ -23,6 +23,18 @@ def value_of(var):
     if isinstance(var, Constant):
         return np.asarray(var.data)
     return None
+
+
+def row_input(var, name):
+    """A symbolic stand-in for ``var``'s value, of any number of rows."""
+    from pytensor.tensor import TensorType
+
+    return TensorType(var.dtype, shape=(None,) + tuple(var.type.shape[1:]))(name=name)
+
+
+def continuous(var):
+    """Whether ``var`` has a gradient: a float, not data or a discrete variable."""
+    return var.dtype.startswith("float")
 
 
 def replaced(outputs, replace):

@@ -1,26 +1,42 @@
-"""``data_parallel(model)``: a copy of a PyMC model whose row terms run on
-every Synkhronos rank (see ``_terms`` for what is split, ``_op`` for the Op the
-copy holds in their place)."""
+"""``data_parallel(model)``: a copy of a PyMC model whose likelihood over rows
+of data runs on every Synkhronos rank, built by one pipeline.
+
+Each stage is one module, called once, in this order:
+
+1. ``_variables``: which variables are split, and over how many rows;
+2. ``_terms``: each one's log-density as a sum over rows, and what it reads;
+3. ``_split``: the rows split among the ranks, proved independent first;
+4. ``_ranks``: the graph each rank runs on its rows (log-density, gradient);
+5. ``_vectorized``: that graph at several points in one pass, where it pays;
+6. ``_sendable``: a form of it that pickles to the ranks;
+7. ``_gpu``: its forms that GPU ranks compute fastest;
+8. ``_packed``: a batched graph's points and results, one matrix each;
+9. ``_distribute``: the graph made a Synkhronos function, sent with the rows;
+10. ``_evaluator``: this process's side of that function, open to its children;
+11. ``_op``: the Op that calls it, standing for the terms;
+12. ``_copy``: the model's copy that holds the Op in their place.
+
+The other modules are parts that the stages use.
+"""
 
 import logging
 import threading
 
-import numpy as np
-
-from .. import _api, _data, _function
-from .. import _collectives as _coll
-from .._common.env import env_flag
+from .. import _api
 from .._common.selections import split_bounds
 from .._session import runtime
-from ._checks import parameter_checks, ranks_checks
-from ._graphs import rewritten
-from ._kernel import KERNEL_ENV, kernel_compiles, rows_kernel
-from ._op import Evaluator, RowsLogp, register_backends
-from ._packed import packed_graph
-from ._potentials import row_potentials
-from ._products import feature_sums
-from ._softplus import with_one_exp_softplus
-from ._terms import _continuous, check_rowwise, find_terms, gradient, row_count, rows_of, worker_graph
+from ._copy import with_op
+from ._distribute import distributed
+from ._evaluator import evaluator
+from ._gpu import for_gpu_ranks
+from ._op import rows_logp
+from ._packed import packed
+from ._ranks import ranks_graph
+from ._sendable import sendable
+from ._split import check_rowwise
+from ._terms import find_terms
+from ._variables import split_variables
+from ._vectorized import vectorized
 
 __all__ = ["data_parallel"]
 
@@ -88,265 +104,37 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     keep the session open meanwhile).  Evaluations asked for at the same time
     run one after another, or with ``batch`` in one pass.
     """
+    _check_arguments(model, batch)
+    chosen, n_rows = split_variables(model, observed, rows)
+    n = _forked_ranks()
+    terms = find_terms(model, chosen, n_rows)
+    check_rowwise(model, terms, split_bounds(n_rows, n))
+    graph = ranks_graph(terms, model.check_bounds)
+    graph = vectorized(graph, batch, model.check_bounds)
+    graph = sendable(graph)
+    graph = for_gpu_ranks(graph)
+    graph = packed(graph)
+    fn = distributed(graph, terms.row_values)
+    served, route = evaluator(fn, graph)
+    op = rows_logp(served, route, graph)
+    logger.info("synkhronos.pymc: %s split over %d ranks (%d rows, %s)", graph.names, n, n_rows, op.dtype)
+    return with_op(model, terms, op)
+
+
+def _check_arguments(model, batch):
     import pymc as pm
 
     if not isinstance(model, pm.Model):
         raise TypeError("model must be a pymc.Model, got %r" % (model,))
     if batch is not None and not isinstance(batch, bool):
         raise TypeError("batch must be True, False or None, got %r" % (batch,))
-    chosen = _observed(model, observed)
-    n_rows = row_count(model, chosen) if rows is None else _check_rows(rows)
-    if observed is None:
-        chosen = [rv for rv in chosen if rows_of(model, rv) == n_rows]
+
+
+def _forked_ranks():
+    """The number of ranks, Synkhronos forked with its defaults first if it was
+    not (the variables to split are checked before: a wrong argument forks
+    nothing)."""
     with _FORKING:  # two threads' first data_parallel: one fork
         if runtime.current() is None:
             _api.fork()
-    n = _api.n_parallel()
-    terms = find_terms(model, chosen, n_rows)
-    check_rowwise(model, terms, split_bounds(n_rows, n))
-    op = _distributed_op(terms, batch, model.check_bounds)
-    logger.info("synkhronos.pymc: %s split over %d ranks (%d rows, %s)", terms.names(), n, n_rows, op.dtype)
-    return _with_op(model, terms, op)
-
-
-def _observed(model, observed):
-    if observed is None:
-        if model.observed_RVs:
-            return list(model.observed_RVs)
-        potentials = row_potentials(model)
-        if potentials:
-            return potentials
-        raise ValueError("model has no observed variables, nor a potential that sums over rows of data: "
-                         "nothing to split")
-    if isinstance(observed, str) or not isinstance(observed, list | tuple):
-        raise TypeError("observed must be a list of names or variables, got %r" % (observed,))
-    out = []
-    for v in observed:
-        rv = model[v] if isinstance(v, str) and v in model.named_vars else v
-        if rv not in model.observed_RVs and rv not in model.potentials:
-            raise ValueError("observed: %r is not an observed variable or potential of the model (those are "
-                             "%s)" % (v, [r.name for r in model.observed_RVs + model.potentials]))
-        out.append(rv)
-    return out
-
-
-def _check_rows(rows):
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError("rows must be a positive int, got %r" % (rows,))
-    return rows
-
-
-def _jax_compiles(outputs):
-    """Whether the ranks compile ``outputs`` with JAX: GPU ranks, and CPU ranks
-    where JAX is Synkhronos' default linker, for a graph PyTensor's JAX backend
-    converts (a batched pass pays only there: see the docs page "PyMC")."""
-    from pytensor.graph.basic import Constant
-    from pytensor.graph.fg import FunctionGraph
-    from pytensor.graph.traversal import graph_inputs
-
-    device = runtime.require().device
-    if device.name != "gpu" and not device.jax_default:
-        return False
-    from pytensor.link.jax.dispatch import jax_funcify
-
-    inputs = [v for v in graph_inputs(outputs) if not isinstance(v, Constant)]
-    try:
-        jax_funcify(FunctionGraph(inputs, outputs, clone=True))
-    except NotImplementedError:
-        return False
-    return True
-
-
-def _distributed_op(terms, batch, check_bounds):
-    """Build, distribute and fill the Synkhronos function of ``terms``; the Op
-    that calls it."""
-    params, data, row_shareds, total, grads = worker_graph(terms)
-    single = parameter_checks([total] + grads, check_bounds)
-    if batch is None:
-        batch = _jax_compiles(single)
-    batched_params, outputs = (batch and _batched(params, single, total, check_bounds)) or (params, single)
-    try:
-        _check_sendable(terms, outputs)
-    except ValueError:
-        if batched_params is params:
-            raise
-        batched_params, outputs = params, single  # a part that pickles only unbatched
-        _check_sendable(terms, outputs)
-    batched = batched_params is not params
-    if runtime.require().device.name == "gpu":
-        outputs = _gpu_forms(outputs)  # (our own Ops and PyTensor's: they pickle)
-        if batched and env_flag(KERNEL_ENV, True):
-            outputs = _one_kernel(params, data, row_shareds, single, batched_params, outputs)
-    inputs, packing = batched_params, None
-    found = packed_graph(batched_params, outputs) if batched else None
-    if found is not None:
-        points, packed, packing = found
-        inputs, outputs = [points], [packed]
-    fn = _function.function([], [(o, "sum") for o in outputs], bcast_inputs=inputs + data,
-                            name="pymc rows of %s" % terms.names())
-    _distribute(fn, terms)
-    _coll.scatter(row_shareds, terms.row_values)
-    continuous = [_continuous(p) for p in params] + [False] * len(data)
-    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in inputs + data]
-    evaluator = Evaluator(fn, datas, len(params), batched, packing)
-    route = runtime.require().service.route(evaluator.serve, evaluator.linger)
-    register_backends()
-    return RowsLogp(evaluator, route, terms.names(), total.dtype, continuous)
-
-
-def _one_kernel(params, data, row_shareds, single, stacked, batched):
-    """``batched`` as one kernel over the rows (``_kernel``), where it compiles
-    on this process's GPU; else ``batched``."""
-    kernel = rows_kernel(params, data, row_shareds, with_one_exp_softplus(single), stacked, batched)
-    return kernel if kernel_compiles(kernel[0].owner.op) else batched
-
-
-def _distribute(fn, terms):
-    """``distribute()``, raising ValueError if ``fn`` (the terms' function) could
-    not be sent; if another function of the session could not, its calls raise."""
-    try:
-        _api.distribute()
-    except TypeError as exc:
-        if runtime.require().registry.refusal(fn._core.ID) is None:
-            logger.warning("synkhronos.pymc: %s", exc)
-            return
-        raise ValueError("observed %s: its log-density graph cannot be sent to the ranks (%s); leave it "
-                         "out of observed= to compute it in this process" % (terms.names(), exc)) from exc
-
-
-def _batched(params, single, total, check_bounds):
-    """``(inputs, outputs)`` of the terms evaluated at several points at once:
-    each parameter gains a leading axis of points, and each output one value
-    (or gradient) per point, so that a rank reads its rows once for all points.
-    None where PyTensor cannot vectorize the graph.
-
-    ``single`` (the log-density and its gradient at one point, checks
-    compiled) vectorized, where that needs no more than products made matrix
-    products (a GLM's); otherwise ``total`` (the log-density, checks not
-    compiled) vectorized and differentiated, which batches more graphs (varying
-    slopes, say) but gives 0, not PyMC's value, for the gradient at a point out of
-    a parameter's domain, and ran slower on a GPU (docs page "PyMC")."""
-    import pytensor.tensor as pt
-    from pytensor.graph.replace import vectorize_graph
-
-    stacked = [pt.tensor(dtype=p.dtype, shape=(None,) + p.type.shape, name=p.name) for p in params]
-    replace = dict(zip(params, stacked))
-    try:
-        outputs = vectorize_graph(single, replace=replace)
-        if _looped(outputs):
-            outputs = _core_products(outputs)
-        if _looped(outputs):
-            outputs = _differentiated(vectorize_graph(total, replace=replace), params, stacked, check_bounds)
-    except Exception as exc:
-        why = "%s: %s" % (type(exc).__name__, exc)
-    else:
-        looped = _looped(outputs)
-        if not looped:
-            return stacked, ranks_checks(outputs)
-        why = "no batched form of %s" % ", ".join(looped)
-    logger.info("synkhronos.pymc: one point at a time on the ranks (%s)", why)
-    return None
-
-
-def _gpu_forms(outputs):
-    """``outputs`` as GPU ranks compute them fastest: products with a few
-    features written out (``_products``), softplus with one exponential
-    (``_softplus``).  The same values; XLA fuses these forms into fewer passes
-    over the rows."""
-    return with_one_exp_softplus(feature_sums(outputs))
-
-
-def _differentiated(batched, params, stacked, check_bounds):
-    """The batched log-density ``batched`` with its gradient with respect to the
-    continuous ``stacked`` (the batched ``params``), checks compiled."""
-    from pytensor.graph.rewriting.utils import rewrite_graph
-
-    grads = gradient(batched, [s for s, p in zip(stacked, params) if _continuous(p)])
-    outputs = parameter_checks([batched] + grads, check_bounds)
-    if _looped(outputs):  # (canonicalize ran for minutes on the first way's Gamma GLM, 0.2 s here)
-        outputs = list(rewrite_graph(outputs, include=("canonicalize",)))
-    return outputs
-
-
-def _core_products(outputs):
-    """``outputs`` with each product of one batched side made one matrix product
-    (and Blockwise with no batched input plain), by those rewrites alone: the
-    ranks' compiling rewrites the rest.  PyTensor's whole canonicalize,
-    stabilize and specialize here turned a Normal's gradient into a graph that
-    asserts one row per rank, and ran for minutes on a Gamma GLM's."""
-    from pytensor.tensor.rewriting.blockwise import (
-        local_eager_useless_unbatched_blockwise,
-        local_useless_unbatched_blockwise,
-    )
-    from pytensor.tensor.rewriting.math import local_batched_matmul_to_core_matmul
-
-    return rewritten(outputs, local_batched_matmul_to_core_matmul, local_useless_unbatched_blockwise,
-                     local_eager_useless_unbatched_blockwise)
-
-
-def _looped(outputs):
-    """The Ops of ``outputs`` left with no rule for a leading axis: each stays a
-    Blockwise, which loops over the points one by one (no faster than one point
-    a call)."""
-    from pytensor.graph.traversal import apply_ancestors
-    from pytensor.tensor.blockwise import Blockwise
-
-    return sorted({str(n.op.core_op) for n in apply_ancestors(outputs) if isinstance(n.op, Blockwise)})
-
-
-def _check_sendable(terms, outputs):
-    """Raise ValueError, before any function is registered, if the ranks' graph
-    cannot be pickled to the workers, by pickle or cloudpickle (an Op holding a
-    lock, say; the lambdas of PyMC's measurable transforms go by cloudpickle)."""
-    from .._wire.pickling import dumps_cores
-
-    try:
-        dumps_cores(outputs)
-    except Exception as exc:
-        raise ValueError(
-            "observed %s: its log-density graph cannot be sent to the ranks (pickle and cloudpickle: "
-            "%s: %s); leave it out of observed= to compute it in this process"
-            % (terms.names(), type(exc).__name__, exc)) from exc
-
-
-def _potential(model_potential, value, name):
-    """PyMC's graph of a potential named ``name``: PyMC 6 takes the name as an
-    argument, PyMC 5's ``model_potential`` is an Op and takes it from the output."""
-    from pytensor.graph.op import Op
-
-    if isinstance(model_potential, Op):
-        potential = model_potential(value)
-        potential.name = name
-        return potential
-    return model_potential(value, name)
-
-
-def _with_op(model, terms, op):
-    """A copy of ``model`` with ``terms``' observed variables replaced by one
-    potential, ``op`` of their parameters and data."""
-    from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_potential
-    from pytensor.graph.fg import FunctionGraph
-
-    fgraph, memo = fgraph_from_model(model)
-    dropped = {memo[rv] for rv in terms.observed}
-    for var in dropped:
-        if len(var.owner.inputs) < 2:  # a potential: nothing reads it
-            continue
-        # Other variables (the whole of a variable with imputed values, say)
-        # read its observed value, as they do in PyMC's own log-density.
-        value = var.owner.inputs[1]
-        for node, i in list(fgraph.clients[var]):
-            if node != "output" and getattr(node, "op", None).__class__.__name__ != "Output":
-                fgraph.change_node_input(node, i, value, reason="synkhronos.pymc")
-    inputs = [memo.get(v, v) for v in terms.params + terms.data]
-    potential = _potential(model_potential, op(*inputs)[0], "synkhronos_rows")
-    outputs = [o for o in fgraph.outputs if o not in dropped] + [potential]
-    new = FunctionGraph(outputs=outputs, clone=False)
-    new._coords = fgraph._coords
-    new._dim_lengths = fgraph._dim_lengths
-    copy = model_from_fgraph(new, mutate_fgraph=True)
-    # The original's order of free variables, so that compile_dlogp() and
-    # initial_point() list them as the original does.
-    order = {rv.name: i for i, rv in enumerate(model.free_RVs)}
-    copy.free_RVs.sort(key=lambda rv: order[rv.name])
-    return copy
+    return _api.n_parallel()

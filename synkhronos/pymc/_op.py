@@ -1,11 +1,13 @@
-"""The Op that stands for a model's split terms: one Synkhronos call returns
-their summed log-density and its gradient, so PyMC's logp-and-gradient function
-(whose two uses of the Op PyTensor merges into one node) costs one round trip.
+"""The Op that stands for a model's split terms (the pipeline's eleventh stage):
+one Synkhronos call returns their summed log-density and its gradient, so
+PyMC's logp-and-gradient function (whose two uses of the Op PyTensor merges
+into one node) costs one round trip.
 
 Who evaluates it, and how:
 
-- in the session's process, from any thread: through ``Evaluator``, whose
-  ``Batcher`` evaluates every point pending at once in one call of the ranks;
+- in the session's process, from any thread: through ``Evaluator``
+  (``_evaluator``), whose ``Batcher`` evaluates every point pending at once in
+  one call of the ranks;
 - in a child process (a chain PyMC forked, or one that received a pickled copy
   under ``spawn``/``forkserver``): by asking the session's process through its
   service (``synkhronos._session.child_service``), where the same ``Evaluator`` runs it.
@@ -19,89 +21,17 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from .._session import child_service, runtime
-from ._batch import LINGER, Batcher
 
-__all__ = ["RowsLogp", "Evaluator"]
-
-
-class Evaluator:
-    """The session's side of one model's split terms.
-
-    ``fn`` is the Synkhronos function of the terms (parameters and data
-    broadcast, each rank summing its rows); with ``batched`` its parameters carry
-    a leading axis of points and it returns one log-density (and gradient) per
-    point, else it takes one point.  ``datas``: the ``synkhronos.Data`` each
-    input is broadcast from, written in place under the session's lock."""
-
-    def __init__(self, fn, datas, n_params, batched, packing=None):
-        self.fn = fn
-        self.datas = datas
-        self.n_params = n_params
-        self.batched = batched
-        self.packing = packing  # a batched call's one matrix in and out (``_packed``), or None
-        self.linger = LINGER if batched else 0.0
-        self.batcher = Batcher(self._run, linger=self.linger)
-        self.rt = fn._rt
-
-    def evaluate(self, inputs):
-        """``[logp, *grads]`` at ``inputs`` (the Op's inputs, as arrays)."""
-        return self.batcher.evaluate([np.asarray(x) for x in inputs])
-
-    def serve(self, requests):
-        """``evaluate`` for the session's service: each request holds one child's
-        inputs; all are evaluated in one run."""
-        return self.batcher.evaluate_many([[np.asarray(x) for x in inputs] for (inputs,) in requests])
-
-    def _run(self, points):
-        with runtime.locked():  # the Data are written, then read by the call, as one step
-            if not self.batched:
-                return [self._call(p) for p in points]
-            results = []
-            for group in _same_data(points, self.n_params):
-                results += zip(group.keys, self._call_batched(group))
-            return [r for _, r in sorted(results, key=lambda kr: kr[0])]
-
-    def _call_batched(self, group):
-        """Each point's results, the points of ``group`` in one call."""
-        data = group[0][self.n_params:]
-        if self.packing is not None:
-            (packed,) = self._call([self.packing.points(group, self.n_params)] + data)
-            return self.packing.results(packed)
-        outs = self._call([np.stack([p[i] for p in group]) for i in range(self.n_params)] + data)
-        return [[o[j] for o in outs] for j in range(len(group))]
-
-    def _call(self, values):
-        for d, x in zip(self.datas, values):
-            if d.shape == x.shape:
-                d.data[...] = x
-            else:
-                d.set_value(x, oversize=2)  # room for more points without reallocating
-        results = self.fn(*self.datas)
-        return results if isinstance(results, list) else [results]
+__all__ = ["RowsLogp", "register_backends", "rows_logp"]
 
 
-class _Group(list):
-    """Points of one call, with their places among all points."""
-
-    def __init__(self):
-        super().__init__()
-        self.keys = []
-
-
-def _same_data(points, n_params):
-    """The points grouped by their data inputs (after the first ``n_params``
-    inputs), which one call broadcasts once for all its points."""
-    groups = []
-    for k, p in enumerate(points):
-        for g in groups:
-            if all(np.array_equal(a, b) for a, b in zip(g[0][n_params:], p[n_params:])):
-                break
-        else:
-            g = _Group()
-            groups.append(g)
-        g.append(p)
-        g.keys.append(k)
-    return groups
+def rows_logp(evaluator, route, graph):
+    """The ``RowsLogp`` of ``graph`` (a ``RanksGraph``), run by ``evaluator`` in
+    this process and through ``route`` from its children; PyTensor's backends
+    told how to take it."""
+    register_backends()
+    continuous = list(graph.continuous) + [False] * len(graph.data)  # data have no gradient
+    return RowsLogp(evaluator, route, graph.names, graph.total.dtype, continuous)
 
 
 class RowsLogp(Op):

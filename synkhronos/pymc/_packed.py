@@ -1,4 +1,5 @@
-"""A batched evaluation with one array in and one out.
+"""A batched evaluation with one array in and one out (the pipeline's eighth
+stage).
 
 A batched call of the ranks takes each parameter with a leading axis of points
 and returns the log-density and each gradient the same way.  Packed, the points
@@ -9,9 +10,21 @@ where each copy of a small array costs tens of microseconds, and CPU ranks
 reduce one result instead of several.
 """
 
+import dataclasses
+
 import numpy as np
 
-__all__ = ["Packing", "packed_graph"]
+__all__ = ["Packing", "packed", "packed_graph"]
+
+
+def packed(graph):
+    """``graph`` (a ``RanksGraph``) with its batched inputs and outputs packed
+    (``packed_graph``) where they can be; as it is otherwise."""
+    found = packed_graph(graph.inputs, graph.outputs) if graph.batched else None
+    if found is None:
+        return graph
+    points, out, packing = found
+    return dataclasses.replace(graph, inputs=[points], outputs=[out], packing=packing)
 
 
 class Packing:

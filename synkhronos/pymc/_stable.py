@@ -6,7 +6,8 @@ PyMC differentiates a log-density after PyTensor's canonicalize and stabilize
 stabilize rule that makes it ``-softplus(eta)``: its gradient then is
 ``-s(1 - s) / (1 - s)``, NaN where ``s`` rounds to 1 (``eta`` above 37), and a
 GPU rank computes it slower.  PyTensor 3.3 gives ``-softplus(eta)``, whose
-gradient is ``-s``; ``log1p_minus_sigmoid`` is its rule for ``-1 * x``.
+gradient is ``-s``; ``log1p_minus_sigmoid`` is its rule for ``-1 * x``, and
+``gradient`` takes every gradient of the ranks' graph as PyMC takes its own.
 """
 
 from pytensor.graph.rewriting.basic import node_rewriter
@@ -16,7 +17,7 @@ from pytensor.tensor.elemwise import Elemwise
 
 from ._graphs import rewritten, scalar_constant
 
-__all__ = ["log1p_minus_sigmoid", "stabilized"]
+__all__ = ["gradient", "log1p_minus_sigmoid", "stabilized"]
 
 
 def _elemwise(var, scalar_op):
@@ -47,3 +48,18 @@ def log1p_minus_sigmoid(fgraph, node):
 def stabilized(var):
     """``var`` (rewritten in place) with ``log1p_minus_sigmoid`` applied."""
     return rewritten([var], log1p_minus_sigmoid)[0]
+
+
+def gradient(total, wrt):
+    """The gradient of ``total`` (summed first where it holds one value per
+    point) with respect to each of ``wrt``, taken as PyMC takes its own: of the
+    log-density stabilized first (log(sigmoid(x)) as -softplus(-x), say, and
+    ``log1p_minus_sigmoid``), or it differs at saturating points.  (The
+    rewrites work in place: on a copy, so that ``total`` stays PyMC's graph.)"""
+    import pytensor
+    from pymc.pytensorf import rewrite_pregrad
+    from pytensor.graph.replace import clone_replace
+
+    if not wrt:
+        return []
+    return pytensor.grad(stabilized(rewrite_pregrad(clone_replace(total))).sum(), wrt)

@@ -1,6 +1,6 @@
-"""A PyMC model's row terms: the observed variables whose log-density is a sum
-over rows of data, the data those rows come from, and the graph each rank runs
-on its share of the rows.
+"""A PyMC model's row terms (the pipeline's second stage): for each variable
+split, its log-density as a sum over rows of data, and the inputs that
+log-density reads, each by its role.
 
 A term is split when its observed value has the model's row count ``rows`` in
 its leading dimension.  Its log-density (``pm.logp``, one value per row) is then
@@ -13,22 +13,19 @@ rebuilt with placeholders:
 - other ``pm.Data`` become broadcast inputs too, so ``pm.set_data`` on them
   reaches the ranks.
 
-``check_rowwise`` proves on the model's initial point that the rows can be
-split: each rank's share computed alone must give the same per-row values as
-all rows together.  A term that couples rows (an AR process, a GP, a cumulative
-sum) fails there with an error naming it, instead of giving a wrong number.
+Whether the rows can in fact be split is proved next (``_split``).
 """
 
 import numpy as np
 
 from ._graphs import leading as _leading
 from ._graphs import replaced as _replaced
+from ._graphs import row_input as _row_input
 from ._graphs import value_of as _value_of
-from ._potentials import per_row, potential_rows
+from ._potentials import per_row
 from ._select import select_rows_in_data
-from ._stable import stabilized
 
-__all__ = ["RowTerms", "find_terms", "check_rowwise"]
+__all__ = ["RowTerms", "find_terms"]
 
 
 class RowTerms:
@@ -63,24 +60,6 @@ class RowTerms:
 
     def names(self):
         return ", ".join(repr(v.name) for v in self.observed)
-
-
-def rows_of(model, var):
-    """The rows of observed variable (or row-sum potential) ``var``, or None."""
-    if var in model.potentials:
-        return potential_rows(var)
-    return _leading(model.rvs_to_values[var])
-
-
-def row_count(model, observed):
-    """The model's row count: the longest leading dimension of the observed
-    values (those of ``observed``)."""
-    lengths = [rows_of(model, rv) for rv in observed]
-    lengths = [n for n in lengths if n is not None]
-    if not lengths:
-        raise ValueError("the model has no observed data with rows to split (observed: %s)"
-                         % ", ".join(repr(rv.name) for rv in observed))
-    return max(lengths)
 
 
 def find_terms(model, observed, rows):
@@ -196,13 +175,6 @@ def _check_no_draws(logp, rv):
             stack.extend(v.owner.inputs)
 
 
-def _row_input(var, name):
-    """A symbolic stand-in for ``var``'s value, of any number of rows."""
-    from pytensor.tensor import TensorType
-
-    return TensorType(var.dtype, shape=(None,) + tuple(var.type.shape[1:]))(name=name)
-
-
 def _is_generator(var):
     from pytensor.tensor.random.type import RandomType
 
@@ -245,101 +217,3 @@ def _free_of_row_count(logp, rows):
         if isinstance(first, Constant) and first.data.ndim == 0 and int(first.data) == rows:
             replace[v] = specify_shape(node.inputs[0], (None,) + tuple(node.inputs[2:]))
     return _replaced([logp], replace)[0] if replace else logp
-
-
-
-def worker_graph(terms):
-    """(param inputs, data inputs, row shared variables, total log-density,
-    its gradient for each continuous parameter): the graph every rank runs on
-    its rows (their shared variables empty until scattered)."""
-    import pytensor
-    import pytensor.tensor as pt
-
-    params = [v.type(name=v.name) for v in terms.params]
-    data = [v.type(name=v.name) for v in terms.data]
-    row_shareds = [
-        pytensor.shared(np.zeros((0,) + val.shape[1:], dtype=val.dtype), borrow=True,
-                        name="rows:%s" % (v.name or "data"), shape=(None,) + val.shape[1:])
-        for v, val in zip(terms.row_vars, terms.row_values)
-    ]
-    replace = dict(zip(terms.held + terms.data + terms.row_vars, params + data + row_shareds))
-    logps = _replaced(terms.logps, replace)
-    total = pt.add(*[lp.sum() for lp in logps]) if len(logps) > 1 else logps[0].sum()
-    grads = gradient(total, [p for p in params if _continuous(p)])
-    return params, data, row_shareds, total, grads
-
-
-def gradient(total, wrt):
-    """The gradient of ``total`` (summed first where it holds one value per
-    point) with respect to each of ``wrt``, taken as PyMC takes its own: of the
-    log-density stabilized first (log(sigmoid(x)) as -softplus(-x), say; see
-    ``_stable`` for what PyTensor 2.38 misses), or it differs at saturating
-    points.  (The rewrites work in place: on a copy, so
-    that ``total`` stays PyMC's graph.)"""
-    import pytensor
-    from pymc.pytensorf import rewrite_pregrad
-    from pytensor.graph.replace import clone_replace
-
-    if not wrt:
-        return []
-    return pytensor.grad(stabilized(rewrite_pregrad(clone_replace(total))).sum(), wrt)
-
-
-def row_inputs(terms):
-    """Symbolic stand-ins for the row values, of any number of rows."""
-    return [_row_input(v, v.name) for v in terms.row_vars]
-
-
-def _continuous(var):
-    return var.dtype.startswith("float")
-
-
-def check_rowwise(model, terms, bounds):
-    """Raise ValueError unless each term's per-row log-density, computed on the
-    rows ``bounds`` (a list of (start, stop)) one part at a time, equals the same
-    rows computed with all of them, at the model's initial point."""
-    import pytensor
-
-    point = _initial_params(model, terms.params)
-    inputs = [v.type() for v in terms.params + terms.data] + row_inputs(terms)
-    logps = _replaced(terms.logps, dict(zip(terms.held + terms.data + terms.row_vars, inputs)))
-    fn = pytensor.function(inputs, logps, mode="FAST_COMPILE", on_unused_input="ignore")
-    head = point + [_value_of(v) for v in terms.data]
-    whole = fn(*head, *terms.row_values)
-    try:
-        parts = [fn(*head, *[val[a:b] for val in terms.row_values]) for a, b in bounds]
-    except Exception as exc:  # a term that reads rows of another length (PyTensor's or numpy's error)
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ValueError(
-            "%s: the log-density cannot be computed on part of the rows (%s: %s): its graph fixes the "
-            "number of rows or reads data of another length; leave it out of observed="
-            % (terms.names(), type(exc).__name__, first)) from exc
-    rows = bounds[-1][1]
-    for k, rv in enumerate(terms.observed):
-        full = np.asarray(whole[k])
-        if full.ndim == 0 or full.shape[0] != rows:
-            raise ValueError(
-                "%s: its log-density has shape %s, not one value per row (%d rows); "
-                "a likelihood over all rows at once (multivariate, AR, GP...) cannot be split "
-                "(leave it out of observed=)" % (_kind(model, rv), full.shape, rows))
-        joined = np.concatenate([np.asarray(p[k]) for p in parts])
-        tol = 1e-4 if full.dtype == np.float32 else 1e-9
-        if joined.shape != full.shape or not np.allclose(joined, full, rtol=tol, atol=tol, equal_nan=True):
-            worst = np.max(np.abs(joined - full)) if joined.shape == full.shape else joined.shape
-            raise ValueError(
-                "%s: each row's log-density depends on other rows (computed on the "
-                "ranks' shares it differs from all rows at once by %s), so its rows cannot be split "
-                "(leave it out of observed=)" % (_kind(model, rv), worst))
-
-
-def _kind(model, var):
-    return "%s %r" % ("potential" if var in model.potentials else "observed variable", var.name)
-
-
-def _initial_params(model, params):
-    """The values of free variables ``params`` at the model's initial point."""
-    if not params:
-        return []
-    fn = model.compile_fn(model.replace_rvs_by_values(params), inputs=model.value_vars, mode="FAST_COMPILE",
-                          on_unused_input="ignore")
-    return [np.asarray(x) for x in fn(model.initial_point())]

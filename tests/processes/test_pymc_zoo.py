@@ -195,8 +195,11 @@ class _RanksGraphs:
 
     def __init__(self, model, shifts=(0.0, 0.1, -0.05)):
         from synkhronos.pymc._checks import parameter_checks
-        from synkhronos.pymc._model import _batched, _observed
-        from synkhronos.pymc._terms import _initial_params, find_terms, row_count, rows_of, worker_graph
+        from synkhronos.pymc._ranks import worker_graph
+        from synkhronos.pymc._split import _initial_params
+        from synkhronos.pymc._terms import find_terms
+        from synkhronos.pymc._variables import _observed, row_count, rows_of
+        from synkhronos.pymc._vectorized import _batched
 
         chosen = _observed(model, None)
         n = row_count(model, chosen)
@@ -216,7 +219,7 @@ def _batched_graph_values(model, on_gpu):
     of these graphs at random.)"""
     import pytensor
 
-    from synkhronos.pymc._model import _gpu_forms
+    from synkhronos.pymc._gpu import _gpu_forms
 
     g = _RanksGraphs(model)
     for shared, value in zip(g.shareds, g.terms.row_values):
@@ -257,8 +260,8 @@ def _rows_kernel_values(model):
     graph (else the batched graph's JAX function)."""
     import jax
 
+    from synkhronos.pymc._gpu import _gpu_forms
     from synkhronos.pymc._kernel import Kernel, jax_form, rows_kernel
-    from synkhronos.pymc._model import _gpu_forms
     from synkhronos.pymc._softplus import with_one_exp_softplus
 
     g = _RanksGraphs(model)
@@ -453,7 +456,7 @@ synk.close()
 
 
 def test_batched_graphs_on_jax_ranks_as_users_get_them(tmp_path):
-    """Outside the tests' FAST_COMPILE, with Synkhronos' defaults (CPU ranks
+    """With PyTensor's own defaults, not the suite's flags (CPU ranks
     compile with JAX, points batched): the models whose batched graph asserted
     one row per rank (a Normal with a scalar sigma, alone, beside a shorter
     likelihood, or over rows of three columns) or took minutes to build (a

@@ -153,7 +153,7 @@ def test_the_bernoullis_batched_graph_gets_both_rewrites():
     import pymc as pm
 
     from synkhronos.pymc._checks import parameter_checks
-    from synkhronos.pymc._model import _batched
+    from synkhronos.pymc._vectorized import _batched
 
     def compared_sigmoids(out):
         return [n for n in _nodes(out, (pytensor.scalar.basic.GE, pytensor.scalar.basic.LE))

@@ -1,0 +1,43 @@
+"""The ranks' graph made a Synkhronos function and sent to the ranks with their
+rows (the pipeline's ninth stage).
+
+The function broadcasts the parameters (and the data without rows) on every
+call, and each rank sums its outputs over its own rows: one reduction returns
+the total.  The rows themselves are scattered once, here, into the function's
+shared variables, each rank keeping only its share.
+"""
+
+import logging
+
+from .. import _api, _function
+from .. import _collectives as _coll
+from .._session import runtime
+
+__all__ = ["distributed"]
+
+logger = logging.getLogger("synkhronos")
+
+
+def distributed(graph, row_values):
+    """The Synkhronos function of ``graph`` (a ``RanksGraph``), distributed,
+    with ``row_values`` (the values of ``graph.rows``) scattered over the
+    ranks."""
+    fn = _function.function([], [(o, "sum") for o in graph.outputs], bcast_inputs=graph.inputs + graph.data,
+                            name="pymc rows of %s" % graph.names)
+    _distribute(fn, graph.names)
+    _coll.scatter(graph.rows, row_values)
+    return fn
+
+
+def _distribute(fn, names):
+    """``distribute()``, raising ValueError if ``fn`` (the function of the terms
+    ``names``) could not be sent; if another function of the session could not,
+    its calls raise."""
+    try:
+        _api.distribute()
+    except TypeError as exc:
+        if runtime.require().registry.refusal(fn._core.ID) is None:
+            logger.warning("synkhronos.pymc: %s", exc)
+            return
+        raise ValueError("observed %s: its log-density graph cannot be sent to the ranks (%s); leave it "
+                         "out of observed= to compute it in this process" % (names, exc)) from exc

@@ -1,0 +1,107 @@
+"""This process's side of the ranks' function (the pipeline's tenth stage):
+``Evaluator`` writes the points asked for into the function's broadcast inputs
+and calls it, several chains' points in one call where the graph is batched
+(``_batch``), each packed into one matrix where it was packed (``_packed``).
+
+Every evaluation of the copy goes through it, under the session's lock: from
+any thread of this process, and from this process's children (chains that PyMC
+forked or spawned), whose requests the session's service runs here.
+"""
+
+import numpy as np
+
+from .. import _data
+from .._session import runtime
+from ._batch import LINGER, Batcher
+
+__all__ = ["Evaluator", "evaluator"]
+
+
+def evaluator(fn, graph):
+    """``(evaluator, route)``: the ``Evaluator`` of ``fn``, the Synkhronos
+    function of ``graph`` (a ``RanksGraph``), with a ``synk.Data`` to broadcast
+    each input from; and the route by which this process's children reach it
+    (the session's service runs their requests here)."""
+    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in graph.inputs + graph.data]
+    served = Evaluator(fn, datas, len(graph.params), graph.batched, graph.packing)
+    return served, runtime.require().service.route(served.serve, served.linger)
+
+
+class Evaluator:
+    """The session's side of one model's split terms.
+
+    ``fn`` is the Synkhronos function of the terms (parameters and data
+    broadcast, each rank summing its rows); with ``batched`` its parameters carry
+    a leading axis of points and it returns one log-density (and gradient) per
+    point, else it takes one point.  ``datas``: the ``synkhronos.Data`` each
+    input is broadcast from, written in place under the session's lock."""
+
+    def __init__(self, fn, datas, n_params, batched, packing=None):
+        self.fn = fn
+        self.datas = datas
+        self.n_params = n_params
+        self.batched = batched
+        self.packing = packing  # a batched call's one matrix in and out (``_packed``), or None
+        self.linger = LINGER if batched else 0.0
+        self.batcher = Batcher(self._run, linger=self.linger)
+        self.rt = fn._rt
+
+    def evaluate(self, inputs):
+        """``[logp, *grads]`` at ``inputs`` (the Op's inputs, as arrays)."""
+        return self.batcher.evaluate([np.asarray(x) for x in inputs])
+
+    def serve(self, requests):
+        """``evaluate`` for the session's service: each request holds one child's
+        inputs; all are evaluated in one run."""
+        return self.batcher.evaluate_many([[np.asarray(x) for x in inputs] for (inputs,) in requests])
+
+    def _run(self, points):
+        with runtime.locked():  # the Data are written, then read by the call, as one step
+            if not self.batched:
+                return [self._call(p) for p in points]
+            results = []
+            for group in _same_data(points, self.n_params):
+                results += zip(group.keys, self._call_batched(group))
+            return [r for _, r in sorted(results, key=lambda kr: kr[0])]
+
+    def _call_batched(self, group):
+        """Each point's results, the points of ``group`` in one call."""
+        data = group[0][self.n_params:]
+        if self.packing is not None:
+            (packed,) = self._call([self.packing.points(group, self.n_params)] + data)
+            return self.packing.results(packed)
+        outs = self._call([np.stack([p[i] for p in group]) for i in range(self.n_params)] + data)
+        return [[o[j] for o in outs] for j in range(len(group))]
+
+    def _call(self, values):
+        for d, x in zip(self.datas, values):
+            if d.shape == x.shape:
+                d.data[...] = x
+            else:
+                d.set_value(x, oversize=2)  # room for more points without reallocating
+        results = self.fn(*self.datas)
+        return results if isinstance(results, list) else [results]
+
+
+class _Group(list):
+    """Points of one call, with their places among all points."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys = []
+
+
+def _same_data(points, n_params):
+    """The points grouped by their data inputs (after the first ``n_params``
+    inputs), which one call broadcasts once for all its points."""
+    groups = []
+    for k, p in enumerate(points):
+        for g in groups:
+            if all(np.array_equal(a, b) for a, b in zip(g[0][n_params:], p[n_params:])):
+                break
+        else:
+            g = _Group()
+            groups.append(g)
+        g.append(p)
+        g.keys.append(k)
+    return groups

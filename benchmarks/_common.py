@@ -1,6 +1,11 @@
-"""Helpers shared by the benchmark scripts: machine description, statistics,
-tables and the results files (JSON, and a PNG picture of it beside it: see
-``_plots``).  Not a benchmark itself."""
+"""What every benchmark script shares: the machine's description and the versions
+it ran with, statistics and timing (percentile, median, time_calls), plain-text tables,
+``mpirun`` command lines, and the results files: the JSON and, beside it, its PNG picture
+(drawn by ``_plots.write_plot``).  Not a benchmark itself.
+
+It imports no script: its one import inside ``benchmarks/`` is ``_plots``, whose
+plotting modules import nothing but ``_plot_common``.
+"""
 
 import json
 import os
@@ -9,6 +14,26 @@ import shutil
 import subprocess
 import sys
 import time
+
+from _plots import write_plot
+
+__all__ = [
+    "RESULTS_DIR",
+    "default_out",
+    "gpu_name",
+    "machine_info",
+    "median",
+    "module_version",
+    "mpirun_host_per_rank",
+    "mpirun_path",
+    "percentile",
+    "print_machine",
+    "table",
+    "time_calls",
+    "usable_cores",
+    "write_json",
+    "write_results",
+]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -49,7 +74,8 @@ def _meminfo_kb(key):
     return None
 
 
-def _version(module_name):
+def module_version(module_name):
+    """``module_name.__version__``, or None where it is missing or does not import."""
     try:
         module = __import__(module_name)
     except Exception:  # not installed, or broken: say so rather than fail
@@ -88,10 +114,10 @@ def machine_info():
         "dev_shm_free_gb": None if shm_free is None else round(shm_free / 2**30, 2),
         "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "python": sys.version.split()[0],
-        "numpy": _version("numpy"),
-        "pytensor": _version("pytensor"),
-        "numba": _version("numba"),
-        "synkhronos": _version("synkhronos"),
+        "numpy": module_version("numpy"),
+        "pytensor": module_version("pytensor"),
+        "numba": module_version("numba"),
+        "synkhronos": module_version("synkhronos"),
         "blas": _blas_name(),
         "blas_thread_env": {k: os.environ.get(k) for k in
                             ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
@@ -133,6 +159,17 @@ def percentile(values, q):
 
 def median(values):
     return percentile(values, 50)
+
+
+def time_calls(call, n):
+    """Seconds of each of ``n`` calls ``call()``, one after another.  No call is
+    left out: where the first compiles, call it once before."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def table(headers, rows):
@@ -177,8 +214,6 @@ def write_json(path, payload):
 def write_results(path, payload):
     """Write the JSON results file, then its PNG picture beside it (same path,
     ``.png``; skipped with one printed line where matplotlib is missing)."""
-    from _plots import write_plot
-
     write_json(path, payload)
     try:
         write_plot(path, payload)

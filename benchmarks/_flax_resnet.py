@@ -18,7 +18,7 @@ inserts the gradient all-reduce (batch statistics are then the whole batch's).
 
 import functools
 
-from _common import _version
+from _common import module_version
 
 __all__ = ["flax_step"]
 
@@ -109,4 +109,4 @@ def flax_step(blocks, classes, batch, image_size, precision, n=1, seed=0):
         state, loss = train_step(state, x, y)
         return float(loss)
 
-    return step, "Flax %s, jax %s" % (_version("flax"), jax.__version__)
+    return step, "Flax %s, jax %s" % (module_version("flax"), jax.__version__)

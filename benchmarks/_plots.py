@@ -10,13 +10,18 @@ benchmark runs and writes its JSON without it; :func:`write_plot` then prints on
 line saying that the PNG was skipped.  Figures are ``matplotlib.figure.Figure``
 objects drawn by the Agg canvas: no pyplot, no global backend switch.  Their
 size in pixels is fixed (``FIGSIZE`` x ``DPI``; no tight bounding box), so a
-page that shows them can rely on it.
+page that shows them can rely on it; only the PyMC pictures' size follows their
+panels (see ``_plots_pymc``).
 
 This module is the entry point: :func:`write_plot`, :func:`benchmark_name`,
 :func:`png_path` and the ``PLOTTERS`` table.  The plotting functions live in
-``_plots_gpu`` (resnet50_scaling, gpu_scaling, collectives) and ``_plots_cpu``
-(cpu_scaling, cpu_backends, call_overhead, soak, mpi_collectives), the figure and caption helpers with
-``FIGSIZE`` and ``DPI`` in ``_plot_common``; all of them are re-exported here.
+``_plots_gpu`` (resnet50_scaling, resnet50_profile, gpu_scaling, collectives,
+bf16_loss_curve), ``_plots_cpu`` (cpu_scaling, cpu_backends, call_overhead, soak,
+mpi_collectives) and ``_plots_pymc`` (pymc_likelihood, jax_batched_forms), the
+figure and caption helpers with ``FIGSIZE`` and ``DPI`` in ``_plot_common``; all of
+them are re-exported here.  None of them imports a benchmark script: a picture is
+drawn from the payload alone, so ``plot.py`` redraws it without the script's
+dependencies.
 """
 
 import json
@@ -37,6 +42,7 @@ from _plots_gpu import (
     plot_resnet50_profile,
     plot_resnet50_scaling,
 )
+from _plots_pymc import plot_jax_batched_forms, plot_pymc_likelihood
 
 __all__ = [
     "DPI",
@@ -49,6 +55,7 @@ __all__ = [
     "plot_cpu_backends",
     "plot_cpu_scaling",
     "plot_gpu_scaling",
+    "plot_jax_batched_forms",
     "plot_mpi_collectives",
     "plot_pymc_likelihood",
     "plot_resnet50_profile",
@@ -60,14 +67,6 @@ __all__ = [
 
 INSTALL_HINT = "pip install matplotlib"
 
-
-def plot_pymc_likelihood(payload, png):
-    """What ``pymc_likelihood.py`` draws (imported here only when asked: it is a script)."""
-    from pymc_likelihood import plot
-
-    return plot(payload, png)
-
-
 PLOTTERS = {
     "bf16_loss_curve": plot_bf16_loss_curve,
     "call_overhead": plot_call_overhead,
@@ -75,6 +74,7 @@ PLOTTERS = {
     "cpu_backends": plot_cpu_backends,
     "cpu_scaling": plot_cpu_scaling,
     "gpu_scaling": plot_gpu_scaling,
+    "jax_batched_forms": plot_jax_batched_forms,
     "mpi_collectives": plot_mpi_collectives,
     "pymc_likelihood": plot_pymc_likelihood,
     "resnet50_profile": plot_resnet50_profile,

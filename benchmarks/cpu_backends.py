@@ -42,7 +42,15 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import default_out, machine_info, median, print_machine, table, write_results  # noqa: E402
+from _common import (  # noqa: E402
+    default_out,
+    machine_info,
+    median,
+    print_machine,
+    table,
+    time_calls,
+    write_results,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("numba", "jax")  # jax: the default
@@ -56,10 +64,8 @@ _SUMMARY = re.compile(r"median step ([0-9.]+) ms")
 
 # ----------------------------------------------------------------- child side
 def _steps(fn, steps):
-    from cpu_scaling import _timed_steps
-
     fn()  # compiles (JAX) or loads (Numba)
-    return median(_timed_steps(fn, steps))
+    return median(time_calls(fn, steps))
 
 
 def _plain_step(inputs, outputs, values, steps):

@@ -50,6 +50,7 @@ from _common import (  # noqa: E402
     median,
     print_machine,
     table,
+    time_calls,
     usable_cores,
     write_results,
 )
@@ -144,15 +145,6 @@ def _resident(args, linker, data_slice=slice(None)):
 
 
 # ----------------------------------------------------------------- child side
-def _timed_steps(fn, steps):
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def _call(f, values):
     import numpy as np
 
@@ -163,7 +155,7 @@ def child_single(args):
     t0 = time.perf_counter()
     f, values = _resident(args, args.linker)
     _call(f, values)  # compiles (JAX) or loads (C, Numba)
-    return {"setup_s": time.perf_counter() - t0, "step_s": _timed_steps(lambda: _call(f, values), args.steps)}
+    return {"setup_s": time.perf_counter() - t0, "step_s": time_calls(lambda: _call(f, values), args.steps)}
 
 
 def _proc_worker(rank, n, args, barrier, queue):
@@ -222,7 +214,7 @@ def child_synk(args):
         inputs = [synk.data(d) for d in data] + [synk.data(v) for v in values]
         got = f(*inputs)  # first call: every rank compiles or loads its code
         setup = time.perf_counter() - t0
-        steps = _timed_steps(lambda: f(*inputs), args.steps)
+        steps = time_calls(lambda: f(*inputs), args.steps)
         want = f.as_pytensor(*data, *values)  # every row in the master alone
         same = all(np.allclose(g, w, rtol=1e-3, atol=1e-5) for g, w in zip(got, want))
         return {"setup_s": setup, "step_s": steps, "same_result": bool(same)}

@@ -13,16 +13,24 @@ behind the docs' note on what is left to gain on a GPU (docs/pymc.md, Chains).
 Every form is checked against ``jax.vmap(jax.value_and_grad(logp))`` on the same
 points (the largest relative difference is printed).  float64 on both sides
 (JAX's 64-bit mode on).  Reported per K: ms per call (median of ``--reps``, each
-waited for), and each form's speed against vmap.
+waited for), and each form's speed against vmap.  Prints a table, writes JSON and
+a PNG (``benchmarks/plot.py`` redraws it).
 """
 
 import argparse
-import os
 import sys
-import time
 
 import numpy as np
-from _common import default_out, gpu_name, machine_info, median, print_machine, table, write_json
+from _common import (
+    default_out,
+    gpu_name,
+    machine_info,
+    median,
+    print_machine,
+    table,
+    time_calls,
+    write_results,
+)
 
 FEATURES = 5
 FORMS = ("vmap", "rows_dot", "rows_sums", "columns_dot", "columns_sums", "columns_sums_by_hand",
@@ -108,12 +116,7 @@ def _forms(jax, jnp):
 
 def _time(jax, f, args, reps):
     out = jax.block_until_ready(f(*args))  # compiles
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return median(times) * 1e3, out
+    return median(time_calls(lambda: jax.block_until_ready(f(*args)), reps)) * 1e3, out
 
 
 def _rel_err(got, ref):
@@ -153,29 +156,6 @@ def _table_rows(records):
              "%.2fx" % (vmap[r["points"]] / r["ms"]), "%.1e" % r["rel_err"]] for r in records]
 
 
-def draw(records, meta, rows, png):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(12, 5))
-    points = sorted({r["points"] for r in records})
-    width = 0.8 / len(FORMS)
-    for i, name in enumerate(FORMS):
-        ms = [next(r["ms"] for r in records if r["form"] == name and r["points"] == k) for k in points]
-        ax.bar([j + (i - (len(FORMS) - 1) / 2) * width for j in range(len(points))], ms, width, label=name)
-    ax.set_xticks(range(len(points)))
-    ax.set_xticklabels(["%d point%s" % (k, "s" * (k > 1)) for k in points])
-    ax.set(ylabel="ms per call (logp and gradient of every point)",
-           title="logistic log-density and gradient, %g x %d float64 rows, %s (jax %s)"
-           % (rows, FEATURES, meta["device"], meta["jax"]))
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=lambda s: int(float(s)), default=10_000_000)
@@ -191,9 +171,9 @@ def main(argv=None):
     print(table(["form", "points", "ms", "ms per point", "vs vmap", "max rel diff"], _table_rows(records)))
     for name in FORMS:
         print("  %-21s %s" % (name, DESCRIPTIONS[name]))
-    write_json(args.out, dict(benchmark="jax_batched_forms", machine=info, gpu=gpu_name(), rows=args.rows,
-                              features=FEATURES, reps=args.reps, forms=DESCRIPTIONS, **meta, records=records))
-    draw(records, meta, args.rows, os.path.splitext(args.out)[0] + ".png")
+    write_results(args.out, dict(benchmark="jax_batched_forms", machine=info, gpu=gpu_name(), rows=args.rows,
+                                 features=FEATURES, reps=args.reps, forms=DESCRIPTIONS, **meta,
+                                 records=records))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ cannot run here, so their payloads are built by the scripts' own
 ``main`` uses) from made-up timings, and drawn both in-process and by plot.py.
 """
 
+import ast
 import importlib.util
 import json
 import os
@@ -141,7 +142,11 @@ def test_jax_batched_forms_agree_and_write_png(tmp_path):
     assert payload["x64"] and payload["dtype"] == "float64"
     records = payload["records"]
     assert len(records) == 2 * 8 and all(r["rel_err"] < 1e-12 for r in records), records
-    assert os.path.getsize(out[:-5] + ".png") > 10_000
+    png = out[:-5] + ".png"
+    assert os.path.getsize(png) > 10_000
+    os.remove(png)
+    _run_ok(os.path.join(BENCH, "plot.py"), out)  # drawn from the JSON alone, as the run drew it
+    assert os.path.getsize(png) > 10_000
 
 
 def test_mpi_collectives_writes_png(tmp_path):
@@ -323,6 +328,21 @@ def test_plot_cli_redraws_gpu_json(tmp_path):
         png = _plots.png_path(path)
         assert png in proc.stdout
         _check_png(png, os.path.basename(path).split(".")[0].replace("_h200", ""))
+
+
+# ------------------------------------------------------------------ the layout
+def test_no_helper_module_imports_a_script():
+    """The underscore modules (shared machinery, pictures, parts of a benchmark)
+    import no benchmark script: the scripts stand above them, so that no import
+    runs in a circle and plot.py draws without a script's dependencies."""
+    scripts = {f[:-3] for f in os.listdir(BENCH) if f.endswith(".py") and not f.startswith("_")}
+    for name in sorted(f for f in os.listdir(BENCH) if f.startswith("_") and f.endswith(".py")):
+        with open(os.path.join(BENCH, name)) as f:
+            tree = ast.parse(f.read())
+        nodes = list(ast.walk(tree))
+        imported = {a.name.split(".")[0] for n in nodes if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+        assert not imported & scripts, "%s imports the script(s) %s" % (name, sorted(imported & scripts))
 
 
 # ------------------------------------------------------------------ bad input

@@ -22,18 +22,17 @@ once, each from a thread of its own, against a reference of its own, on a Lane
 of its own (variables and functions no other lane touches), so each must get
 its own results however the threads' calls interleave.
 
-Run as a script, it compiles as the suite does (``mode=FAST_COMPILE``, unless
-``PYTENSOR_FLAGS`` is set): the reference computes each graph as written, and
-PyTensor's FAST_RUN rewrites take a broadcast factor out of a sum
-(``sum(x * b) -> sum(x) * b``), which gives -inf where the graph as written
-gives NaN (an infinite ``b`` over rows of both signs) in plain PyTensor as on
-the ranks.
+Run as a script, it compiles as the suite does (``_flags.REFERENCE_FLAGS``,
+unless ``PYTENSOR_FLAGS`` is set): the ranks as a user's (JAX on CPU ranks), the
+reference each graph as written.
 """
 
 import os
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTENSOR_FLAGS", "mode=FAST_COMPILE")
+    from _flags import REFERENCE_FLAGS
+
+    os.environ.setdefault("PYTENSOR_FLAGS", REFERENCE_FLAGS)
 
 import argparse  # noqa: E402
 import ast  # noqa: E402

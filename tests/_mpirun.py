@@ -7,6 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from _flags import REFERENCE_FLAGS
+
 __all__ = ["MPIRUN", "MPICH", "ROOT", "mpi_env"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +43,7 @@ def mpi_env(gpus=False, **extra):
     for name in ("SYNKHRONOS_FAULT", "SYNKHRONOS_HOST_PER_RANK", "SYNKHRONOS_MPI"):
         env.pop(name, None)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PYTENSOR_FLAGS=env.get("PYTENSOR_FLAGS", "mode=FAST_COMPILE"),
+               PYTENSOR_FLAGS=env.get("PYTENSOR_FLAGS", REFERENCE_FLAGS),
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
     env.update(extra)
     return env

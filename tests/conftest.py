@@ -1,9 +1,9 @@
 """Test settings for every folder of the suite (see docs/contributing.md, "Tests").
 
-PyTensor compiles with FAST_COMPILE so that a cold machine does not spend
-minutes in Numba; workers inherit the flag through the environment.  PyTensor 2.x
-(which PyMC pins) still builds C thunks with g++ under FAST_COMPILE, seconds per
-fresh process; ``cxx=`` gives it Python thunks, as PyTensor 3's FAST_COMPILE has.
+Synkhronos functions compile as a user's do (JAX on CPU ranks), the tests' own
+PyTensor functions as FAST_COMPILE does, so that a cold machine does not spend
+minutes in Numba or g++ on references (``_flags.REFERENCE_FLAGS``); workers
+inherit the flags through the environment.
 
 Ctrl-C: a process started with SIGINT ignored (a background job of a script,
 ``cmd &``, as the shell starts it) would pass the ignoring on to every child, and
@@ -21,10 +21,10 @@ the suite runs in pytest's process alone."""
 
 import os
 import signal
-from importlib.metadata import version
 
-PYTENSOR_2 = version("pytensor").startswith("2.")
-os.environ.setdefault("PYTENSOR_FLAGS", "mode=FAST_COMPILE" + (",cxx=" if PYTENSOR_2 else ""))
+from _flags import REFERENCE_FLAGS
+
+os.environ.setdefault("PYTENSOR_FLAGS", REFERENCE_FLAGS)
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)

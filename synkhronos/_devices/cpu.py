@@ -3,6 +3,7 @@ between them: every rank, the master included, gets its share of its host's
 cores (docs: "CPU workers")."""
 
 import importlib.util
+import logging
 import os
 import sys
 
@@ -10,8 +11,10 @@ import numpy as np
 
 from ._base import Device
 
+logger = logging.getLogger("synkhronos")
+
 __all__ = ["CpuDevice", "usable_cores", "THREAD_VARS", "thread_share", "limit_threads", "thread_pools",
-           "core_share", "start_jax_pool", "worker_jax_cores", "jax_by_default"]
+           "core_share", "start_jax_pool", "worker_jax_cores", "jax_by_default", "forked_after_jax"]
 
 # The variables by which a user fixes thread counts; any of them set means the
 # user chose, and no rank's threads are changed.
@@ -70,13 +73,44 @@ def limit_threads(count):
 
 def jax_by_default():
     """Whether CPU ranks compile a function that names no ``mode`` with JAX: JAX
-    is installed and PyTensor's mode is its default (no ``mode`` in its flags).
-    JAX compiles in seconds where Numba takes tens of seconds on an empty cache,
-    and its compiled steps are as fast or faster (see the docs page "CPU
-    workers")."""
+    is installed, PyTensor's mode is its default (no ``mode`` in its flags), and
+    this process can run JAX (``forked_after_jax``).  JAX compiles in seconds
+    where Numba takes tens of seconds on an empty cache, and its compiled steps
+    are as fast or faster (see the docs page "CPU workers")."""
     import pytensor
 
-    return str(pytensor.config.mode) == "Mode" and importlib.util.find_spec("jax") is not None
+    return (str(pytensor.config.mode) == "Mode" and importlib.util.find_spec("jax") is not None
+            and not forked_after_jax())
+
+
+_FORK_STATE = {"after_jax": False}
+
+
+def _jax_started():
+    """Whether JAX has started a backend (and its threads) in this process."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge._backends)
+    except Exception:  # a JAX whose internals moved: assume it started
+        return True
+
+
+def _note_fork():
+    _FORK_STATE["after_jax"] = _FORK_STATE["after_jax"] or _jax_started()
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
+def forked_after_jax():
+    """Whether this process was forked (``os.fork``) from one where JAX had
+    started: JAX's threads did not come along, and its next compile waits for
+    them forever.  A session started in such a child (say, a chain process that
+    leaves its parent's session) compiles with PyTensor's default linker."""
+    return _FORK_STATE["after_jax"]
 
 
 def _use_jax_cache():
@@ -196,6 +230,9 @@ class CpuDevice(Device):
         happened before ``fork()`` settled ``floatX`` (say, an extension
         registering JAX implementations was imported first), apply it again now."""
         self.jax_default = jax_by_default()
+        if forked_after_jax():
+            logger.info("CPU ranks compile with PyTensor's default linker, not JAX: this process was "
+                        "forked after JAX started here, and JAX's first compile would wait forever")
         if "pytensor.link.jax.dispatch.basic" in sys.modules:
             import jax
             import pytensor

@@ -13,6 +13,7 @@ exclusively (``O_CREAT | O_EXCL``, so a name that another user created first is
 an error, never memory we use), under names that carry 128 random bits.
 """
 
+import gc
 import mmap
 import os
 import secrets
@@ -103,11 +104,19 @@ class Segment:
         return np.frombuffer(self.mmap, dtype=dtype, count=count, offset=offset).reshape(shape)
 
     def close(self):
-        """Unmap; views still alive keep the memory until they are collected."""
-        try:
-            self.mmap.close()
-        except BufferError:
-            pass  # a numpy view is still exported; the map goes with the last view
+        """Unmap; views still alive keep the memory until they are collected.
+
+        A view that only a reference cycle still holds (say, the frames of a
+        traceback that JAX kept while it traced a rank's share) is collected
+        first, so that the map goes now rather than at the next collection."""
+        for attempt in range(2):
+            try:
+                self.mmap.close()
+                return
+            except BufferError:  # a numpy view is still exported
+                if attempt == 0:
+                    gc.collect()
+        # the user holds a view: the map goes with the last one
 
     def unlink(self):
         """Remove the name (the memory lives on while anything maps it)."""

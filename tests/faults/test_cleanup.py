@@ -4,30 +4,27 @@ of the session may remain; the command channels' memory and semaphores lose thei
 names as soon as the workers have opened them.
 """
 
+import gc
+import json
 import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 
-os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from _procs import SHM_DIR, session_names
+from _procs import proc_exists as _exists
+from _procs import proc_stat as _stat
+from _procs import segments as _segments
 
-import gc  # noqa: E402
-import json  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytensor  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-import pytest  # noqa: E402
-from _procs import SHM_DIR, session_names  # noqa: E402
-from _procs import proc_exists as _exists  # noqa: E402
-from _procs import proc_stat as _stat  # noqa: E402
-from _procs import segments as _segments  # noqa: E402
-
-import synkhronos as synk  # noqa: E402
-from synkhronos._session import runtime  # noqa: E402
-from synkhronos._session.fault_injection import FAULT_ENV  # noqa: E402
+import synkhronos as synk
+from synkhronos._session import runtime
+from synkhronos._session.fault_injection import FAULT_ENV
 
 F32 = "float32"
 START_S = 120.0  # for a script to get its session going (noisy, shared machine)
@@ -264,8 +261,7 @@ class _Script:
     def __init__(self, tmp_path, mode, new_session=False):
         self.out_path = tmp_path / "stdout.txt"
         self.err_path = tmp_path / "stderr.txt"
-        env = dict(os.environ)
-        env["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"
+        env = dict(os.environ)  # the suite's PYTENSOR_FLAGS (_flags)
         pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
         if mode == "hang":
@@ -443,7 +439,7 @@ def _files_run(tmp_path, n):
     script saw, the entries left in TMPDIR)."""
     tmp = tmp_path / ("tmp%d" % n)
     tmp.mkdir()
-    env = dict(os.environ, TMPDIR=str(tmp), PYTENSOR_FLAGS="mode=FAST_COMPILE")
+    env = dict(os.environ, TMPDIR=str(tmp))
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
     out = subprocess.run([sys.executable, "-c", FILES_SCRIPT, str(n)], env=env, capture_output=True,

@@ -5,28 +5,25 @@ Every error must leave the session in a known state: usable after an exception
 (in a worker or in the master), closed and fully cleaned up after a dead worker.
 """
 
+import gc
 import os
+import re
+import signal
+import threading
+import time
 
-os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from _procs import our_segments as _our_segments
+from _procs import proc_exists as _exists
+from _procs import proc_stat as _stat
+from _procs import segments as _segments
+from _procs import worker_children as _worker_children
 
-import gc  # noqa: E402
-import re  # noqa: E402
-import signal  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytensor  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-import pytest  # noqa: E402
-from _procs import our_segments as _our_segments  # noqa: E402
-from _procs import proc_exists as _exists  # noqa: E402
-from _procs import proc_stat as _stat  # noqa: E402
-from _procs import segments as _segments  # noqa: E402
-from _procs import worker_children as _worker_children  # noqa: E402
-
-import synkhronos as synk  # noqa: E402
-from synkhronos._session import runtime  # noqa: E402
+import synkhronos as synk
+from synkhronos._session import runtime
 
 F32 = "float32"
 GUARD_S = 30.0  # a call that takes longer than this is a hang

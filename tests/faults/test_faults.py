@@ -11,22 +11,19 @@ works either way.
 """
 
 import os
+import signal
+import threading
+import time
 
-os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from _procs import Leftovers, distribute_unhurried, our_segments, our_tmpdirs
 
-import signal  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytensor  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-import pytest  # noqa: E402
-from _procs import Leftovers, distribute_unhurried, our_segments, our_tmpdirs  # noqa: E402
-
-import synkhronos as synk  # noqa: E402
-from synkhronos._session import runtime  # noqa: E402
-from synkhronos._session.fault_injection import FAULT_ENV  # noqa: E402
+import synkhronos as synk
+from synkhronos._session import runtime
+from synkhronos._session.fault_injection import FAULT_ENV
 
 F32 = "float32"
 HANG_GUARD_S = 30  # fork(timeout=...) in these tests: a real hang becomes a StallError

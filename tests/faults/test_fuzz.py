@@ -9,23 +9,20 @@ stall timeout turns a hang into a StallError) or kill a worker.  ``--fuzz-n``
 sets how many malformed calls are made (default 2000), ``--fuzz-seed`` the seed.
 """
 
+import collections
+import faulthandler
 import os
+import sys
+import time
 
-os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+import numpy as np
+import pytest
+from _fuzz import F32, N_ROWS, Fuzzer, Raises, build_functions, forked_cases, unforked_cases
+from _model import Reference
+from _procs import Leftovers, proc_exists
 
-import collections  # noqa: E402
-import faulthandler  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from _fuzz import F32, N_ROWS, Fuzzer, Raises, build_functions, forked_cases, unforked_cases  # noqa: E402
-from _model import Reference  # noqa: E402
-from _procs import Leftovers, proc_exists  # noqa: E402
-
-import synkhronos as synk  # noqa: E402
-from synkhronos._session import runtime  # noqa: E402
+import synkhronos as synk
+from synkhronos._session import runtime
 
 N_RANKS = 3
 HANG_S = 20.0  # fork(timeout=...): a call stuck this long is a hang

@@ -4,26 +4,23 @@ killed worker, Ctrl-C, a stall, a crash, an exception on one rank), leave no
 process, shared-memory segment, temporary directory, file descriptor or thread
 behind."""
 
+import collections
+import gc
 import os
+import signal
+import sys
+import threading
+import time
 
-os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from _procs import Leftovers, our_segments, our_tmpdirs, worker_children
 
-import collections  # noqa: E402
-import gc  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytensor  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-import pytest  # noqa: E402
-from _procs import Leftovers, our_segments, our_tmpdirs, worker_children  # noqa: E402
-
-import synkhronos as synk  # noqa: E402
-from synkhronos._session import runtime  # noqa: E402
-from synkhronos._session.fault_injection import FAULT_ENV  # noqa: E402
+import synkhronos as synk
+from synkhronos._session import runtime
+from synkhronos._session.fault_injection import FAULT_ENV
 
 F32 = "float32"
 ENDINGS = ["close", "kill", "ctrl_c", "stall", "crash", "raise"]

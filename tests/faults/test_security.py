@@ -9,26 +9,23 @@ is dropped: tested here too.)
 """
 
 import os
+import re
+import socket
+import stat
+import tempfile
+import threading
+import time
 
-os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+import numpy as np
+import posix_ipc
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from _procs import SHM_DIR, segments, socket_inodes
 
-import re  # noqa: E402
-import socket  # noqa: E402
-import stat  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import posix_ipc  # noqa: E402
-import pytensor  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-import pytest  # noqa: E402
-from _procs import SHM_DIR, segments, socket_inodes  # noqa: E402
-
-import synkhronos as synk  # noqa: E402
+import synkhronos as synk
 from synkhronos._session import runtime
-from synkhronos._wire import shared_memory  # noqa: E402
+from synkhronos._wire import shared_memory
 
 F32 = "float32"
 

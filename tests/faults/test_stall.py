@@ -4,23 +4,20 @@ stack, and the session is closed with nothing left behind.  Work that finishes
 within the timeout is never interrupted."""
 
 import os
+import signal
+import time
 
-os.environ["PYTENSOR_FLAGS"] = "mode=FAST_COMPILE"  # before PyTensor is imported
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from _procs import Leftovers, distribute_unhurried, worker_children
+from _sleepy import sleepy
 
-import signal  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytensor  # noqa: E402
-import pytensor.tensor as pt  # noqa: E402
-import pytest  # noqa: E402
-from _procs import Leftovers, distribute_unhurried, worker_children  # noqa: E402
-from _sleepy import sleepy  # noqa: E402
-
-import synkhronos as synk  # noqa: E402
-from synkhronos._session import runtime  # noqa: E402
-from synkhronos._session.fault_injection import FAULT_ENV  # noqa: E402
-from synkhronos._wire.protocol import GetShapes  # noqa: E402
+import synkhronos as synk
+from synkhronos._session import runtime
+from synkhronos._session.fault_injection import FAULT_ENV
+from synkhronos._wire.protocol import GetShapes
 
 F32 = "float32"
 TIMEOUT = 2.0

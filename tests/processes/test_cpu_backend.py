@@ -2,8 +2,9 @@
 is its default, and a graph JAX cannot compute as it is with PyTensor's own
 linker, saying why; a mode named by the user (argument or flag) is theirs.
 
-The suite itself runs with ``PYTENSOR_FLAGS=mode=FAST_COMPILE`` (see conftest),
-so these checks run in a fresh process with PyTensor's default mode."""
+The suite sets PyTensor's default linker and rewrites for its references
+(``_flags.REFERENCE_FLAGS``), so these checks run in a fresh process with
+PyTensor's defaults, linker included (the one a graph JAX cannot compute gets)."""
 
 import json
 import os
@@ -62,7 +63,7 @@ print("@@" + json.dumps({"out": out, "log": records}))
 @pytest.fixture(scope="module")
 def report():
     flags = ",".join(f for f in os.environ.get("PYTENSOR_FLAGS", "").split(",")
-                     if f and not f.startswith("mode="))
+                     if f and not f.startswith(("mode=", "linker=", "optimizer=")))
     env = dict(os.environ, PYTENSOR_FLAGS=flags)
     script = _SCRIPT % os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: _sleepy
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,

@@ -1,22 +1,20 @@
 """Run the demos as scripts: each must exit cleanly and report that it passed."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _flags import reference_env
 
 from synkhronos._devices.gpu import gpu_stack_available, visible_gpus
 
 DEMOS = Path(__file__).resolve().parents[2] / "demos"
-TIMEOUT = 300  # seconds; a demo takes a few seconds with mode=FAST_COMPILE
+TIMEOUT = 300  # seconds; a demo takes a few (JAX compiles each function on every rank)
 
 
 def run_demo(number, *args):
-    env = dict(os.environ)
-    # FAST_COMPILE compiles in well under a second; the default linker may take minutes on a cold cache.
-    env["PYTENSOR_FLAGS"] = ",".join(f for f in (env.get("PYTENSOR_FLAGS"), "mode=FAST_COMPILE") if f)
+    env = reference_env()  # Synkhronos's functions as a user's; plain PyTensor's as FAST_COMPILE
     return subprocess.run([sys.executable, str(DEMOS / ("demo_%d.py" % number)), *args], env=env,
                           capture_output=True, text=True, timeout=TIMEOUT)
 

@@ -3,26 +3,27 @@ runs on CPU workers and checks its own results, and no Python code reaches a pag
 or the README without running here."""
 
 import importlib.util
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _flags import reference_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 EXAMPLES = sorted((DOCS / "examples").glob("*.py"))
 PAGES = sorted(DOCS.glob("*.md"))
-TIMEOUT = 300  # seconds; an example takes a few with mode=FAST_COMPILE
+TIMEOUT = 300  # seconds; an example takes a few (JAX compiles each function on every rank)
 INCLUDE = re.compile(r"```\{literalinclude\}\s+(\S+)")
 FENCE = re.compile(r"^```(\w+)\s*$", re.MULTILINE)
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTENSOR_FLAGS"] = ",".join(f for f in (env.get("PYTENSOR_FLAGS"), "mode=FAST_COMPILE") if f)
+    """The suite's flags: Synkhronos's functions compile as a user's (JAX on CPU
+    ranks), an example's plain PyTensor functions as FAST_COMPILE does."""
+    env = reference_env()
     env.pop("SYNKHRONOS_LOG_LEVEL", None)
     return env
 

@@ -54,8 +54,10 @@ def _graphs(rng):
 def test_products_and_convolutions_round_like_numpy_emulation(bf16_session):
     rng = np.random.default_rng(1)
     x, w, img, k, conv = _graphs(rng)
-    f = synk.function([x], outputs=(x.dot(w), None))
-    c = synk.function([img], outputs=[(conv, None), (pytensor.grad(conv.sum(), k), "sum")])
+    # The numpy emulation is PyTensor's own linkers' (JAX's bf16 is the next test's).
+    f = synk.function([x], outputs=(x.dot(w), None), mode="FAST_COMPILE")
+    c = synk.function([img], outputs=[(conv, None), (pytensor.grad(conv.sum(), k), "sum")],
+                      mode="FAST_COMPILE")
     wrapped = [n.op for n in c._core.plain.maker.fgraph.apply_nodes if isinstance(n.op, Bf16Op)]
     assert {type(op.op).__name__ for op in wrapped} == {"Conv2d", "Conv2dGradWeight"}
     plain = pytensor.function([x], x.dot(w))  # not a Synkhronos function: untouched

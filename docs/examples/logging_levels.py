@@ -14,6 +14,7 @@ logging.getLogger("synkhronos").addHandler(keep)
 synk.fork(2)                                         # "Synkhronos attempting to use 2 of ..."
 synk.close()
 assert any("attempting to use 2" in line for line in seen)
+print(seen[0])                                       # which devices it started on
 
 logging.getLogger("synkhronos").setLevel(logging.WARNING)   # quiet from here on
 seen.clear()

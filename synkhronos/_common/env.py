@@ -55,9 +55,10 @@ def env_flag(name, default):
     return word in _TRUE
 
 
-def spin_seconds():
+def spin_seconds(default=SPIN_DEFAULT):
     """Seconds to poll before blocking: ``$SYNKHRONOS_SPIN_US`` (microseconds)
-    if set, else ``SPIN_DEFAULT``.  Read at ``fork()``; workers get the master's.
+    if set, else ``default`` (the device's: see ``Device.spin_s``).  Read at
+    ``fork()``; workers get the master's.
 
     Raises
     ------
@@ -65,4 +66,4 @@ def spin_seconds():
         If the variable is not a non-negative number.
     """
     micros = env_nonnegative(SPIN_ENV, None, "microseconds")
-    return SPIN_DEFAULT if micros is None else micros * 1e-6
+    return default if micros is None else micros * 1e-6

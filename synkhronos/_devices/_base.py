@@ -2,6 +2,8 @@
 (``cpu``, ``cpu_mpi``, ``gpu``).  The runtime, functions and collectives talk to
 a device only through these members."""
 
+from .._common.env import SPIN_DEFAULT
+
 __all__ = ["Device"]
 
 
@@ -26,6 +28,9 @@ class Device:
         Function outputs of static shape are reduced into the master on the
         device (``reduce_outputs``/``take_outputs``) in ``reduce_dtypes``.
     reduce_dtypes : tuple of str
+    spin_s : float
+        Seconds a process polls for the next message before it sleeps
+        (``_wire.channel``), unless ``$SYNKHRONOS_SPIN_US`` says otherwise.
 
     Attributes
     ----------
@@ -42,6 +47,7 @@ class Device:
     queued = False
     reduces_outputs = False
     reduce_dtypes = ()
+    spin_s = SPIN_DEFAULT
     wait_hook = None
     jax_default = False  # functions that name no mode compile with JAX only where it is the default
 

@@ -203,7 +203,7 @@ class Runtime:
         self.worker_ranks = tuple(r for r in range(n_parallel) if r != master_rank)
         self.device = device
         self.profile_workers = profile_workers
-        self.spin = spin_seconds()
+        self.spin = spin_seconds(device.spin_s)
         self.token = shared_memory.new_token()
         self.exchange = ExchangeBuffer(self.token, master_rank)
         self.cache = shared_memory.SegmentCache()

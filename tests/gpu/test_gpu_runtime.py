@@ -25,21 +25,29 @@ def gpu2():
     synk.close()
 
 
-def test_default_fork_uses_every_gpu(caplog):
+@pytest.mark.gpus(1)
+def test_default_fork_uses_every_gpu():
+    """A script's ``fork()`` takes every visible GPU, one rank each, and the
+    master's JAX sees its own GPU alone.  In a fresh process, as a user runs
+    it: this one's JAX may have started before (on every GPU) in other tests."""
+    script = ("import logging, synkhronos as synk\n"
+              "logging.basicConfig(level=logging.INFO)\n"
+              "n = synk.fork()\n"
+              "import jax\n"
+              "d = jax.devices()\n"
+              "print('ranks', n, 'gpus', len(synk.gpus()), 'jax', len(d), d[0].platform)\n"
+              "synk.close()\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
     from synkhronos._devices.gpu import visible_gpus
 
-    caplog.set_level("INFO", logger="synkhronos")  # the status line is a log record
-    n = synk.fork()
-    try:
-        assert n == len(visible_gpus())
-        assert "detected GPUs" in caplog.text
-        import jax
-
-        assert len(jax.devices()) == 1 and jax.devices()[0].platform == "gpu"
-    finally:
-        synk.close()
+    n = len(visible_gpus())
+    assert "ranks %d gpus %d jax 1 gpu" % (n, n) in proc.stdout, proc.stdout + proc.stderr
+    assert "detected GPUs" in proc.stderr
 
 
+@pytest.mark.gpus(1)
 def test_one_gpu_blocks_on_its_device_instead_of_polling():
     """With no workers there is nothing to watch while the master waits on its
     GPU: no hook, so it blocks on the event (a hook makes it poll and sleep)."""
@@ -52,7 +60,7 @@ def test_one_gpu_blocks_on_its_device_instead_of_polling():
         f = synk.function([x], outputs=(x * x).sum())
         synk.distribute()
         v = np.linspace(-1, 1, 1_000_003, dtype="float32")
-        np.testing.assert_allclose(f(v), (v.astype("float64") ** 2).sum(), rtol=1e-5)
+        np.testing.assert_allclose(f(synk.data(v)), (v.astype("float64") ** 2).sum(), rtol=1e-5)
     finally:
         synk.close()
 

@@ -22,7 +22,9 @@ from ._outputs import OutputsMixin
 from ._stream import StreamMixin
 from ._values import ValuesMixin
 
-__all__ = ["GpuDevice", "visible_gpus", "gpu_stack_available", "PRECISIONS"]
+__all__ = ["GpuDevice", "visible_gpus", "gpu_stack_available", "PRECISIONS", "GPU_SPIN_S"]
+
+GPU_SPIN_S = 5e-3  # see GpuDevice.spin_s
 
 
 class GpuDevice(EnvMixin, ValuesMixin, StreamMixin, CollectivesMixin, OutputsMixin, Device):
@@ -35,6 +37,10 @@ class GpuDevice(EnvMixin, ValuesMixin, StreamMixin, CollectivesMixin, OutputsMix
     # Function outputs of static shape are reduced into the master over NCCL
     # (``reduce_outputs``, see ``reduces_outputs``) in these dtypes.
     reduce_dtypes = _NCCL_DTYPE_NAMES
+    # A GPU call takes hundreds of microseconds: every rank's wait for the next
+    # message (and the master's for replies) outlasts a CPU rank's 100 us poll,
+    # and a rank woken from sleep wakes late.  GPU hosts have cores to spare.
+    spin_s = GPU_SPIN_S
 
     def __init__(self, gpu_ids=None, precision=None):
         self.gpu_ids = visible_gpus() if gpu_ids is None else list(gpu_ids)

@@ -115,6 +115,7 @@ def checks_kept():
     """Convert checks to JAX as ``JAXLinker`` does while the block runs; yields
     the list of the checks converted.  Also for a graph converted only to learn
     whether JAX converts it, which should not warn that a check is skipped."""
+    _claim_checks()
     checks = []
     token = _CHECKS.set(checks)
     try:
@@ -179,22 +180,34 @@ def _data_check(op, checks):
     return check
 
 
-def _register_jax():
-    """Convert checks with ``_data_check`` while a ``JAXLinker`` of ours converts,
-    with PyTensor's own conversion otherwise."""
-    from pytensor.link.jax.dispatch import jax_funcify
+def _ours(original):
+    """The conversion of a check: ``_data_check`` while a ``JAXLinker`` of ours
+    converts, ``original`` (what was registered for the check's class) otherwise."""
 
-    pytensor_form = jax_funcify.dispatch(CheckAndRaise)
-
-    @jax_funcify.register(CheckAndRaise)
-    def _check(op, node=None, **kwargs):
+    def convert_check(op, node=None, **kwargs):
         checks = _CHECKS.get()
         if checks is None:
-            return pytensor_form(op, node=node, **kwargs)
+            return original(op, node=node, **kwargs)
         return _data_check(op, checks)
 
+    convert_check.synkhronos_check = True
+    return convert_check
 
-_register_jax()
+
+def _claim_checks():
+    """Make ``_ours`` the conversion of every class of check registered with
+    PyTensor's JAX backend.  Called before each conversion: a library may register
+    a form of its own for a subclass later (PyMC's ``pymc.sampling.jax`` passes
+    ``Assert`` and its parameter checks through), which would win over the one
+    registered for ``CheckAndRaise`` itself."""
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    for cls, fn in list(jax_funcify.registry.items()):
+        if isinstance(cls, type) and issubclass(cls, CheckAndRaise) and not hasattr(fn, "synkhronos_check"):
+            jax_funcify.register(cls)(_ours(fn))
+
+
+_claim_checks()
 
 
 def checked_mode(mode):

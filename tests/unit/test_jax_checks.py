@@ -166,12 +166,15 @@ def test_a_graph_converted_only_to_try_keeps_its_checks_without_warning():
 
 def test_other_pytensor_functions_are_unchanged():
     """A user's own ``mode="JAX"`` function keeps PyTensor's behaviour: the check
-    dropped, with PyTensor's warning."""
+    dropped (with PyTensor's warning, unless a library such as PyMC registered a
+    silent form of its own in this process)."""
     x = pt.vector("x", dtype=FX)
     _mode()
-    with pytest.warns(UserWarning, match="Skipping"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         plain = pytensor.function([x], _positive(x).sum(), mode="JAX")
     assert plain(np.array([1.0, -2.0])) == -1.0
+    assert not caught or any("Skipping" in str(w.message) for w in caught)
 
 
 def test_a_pickled_function_keeps_its_checks():
@@ -196,3 +199,28 @@ def test_synkhronos_jax_functions_link_with_it():
     mode = device_kwargs(Device(), {})["mode"]
     assert isinstance(mode.linker, JAXLinker) and is_jax_mode(mode)
     assert checked_mode(mode) is mode
+
+
+def test_a_check_form_a_library_registers_later_does_not_drop_the_check():
+    """PyMC's ``pymc.sampling.jax`` registers a pass-through conversion for
+    ``Assert`` when imported, which would win over the one for ``CheckAndRaise``:
+    the linker's checks are kept whatever was registered since, and other
+    functions get the library's form."""
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    before = jax_funcify.registry.get(Assert)
+
+    @jax_funcify.register(Assert)
+    def _passes(op, **kwargs):  # as PyMC's
+        return lambda value, *conditions: value
+
+    try:
+        x = pt.vector("x", dtype=FX)
+        kept, _ = _both([x], _positive(x).sum())
+        assert _raised(kept, np.array([1.0, -2.0])) == (AssertionError, "rows must be positive")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain = pytensor.function([x], _positive(x).sum(), mode="JAX")
+        assert plain(np.array([1.0, -2.0])) == -1.0  # the library's form: no check
+    finally:  # (singledispatch cannot unregister: Assert gets back what it resolved to)
+        jax_funcify.register(Assert)(before or jax_funcify.dispatch(CheckAndRaise))

@@ -37,12 +37,13 @@ def _setup(rank):
     return f, w
 
 
-def _worker(rank, n, flags, results, alone, calls):
+def _alone(rank, n, flags, alone, calls):
+    """Rank ``rank``'s function and rows, warmed up, after every process timed its
+    own calls at once (``alone[rank]``: the median)."""
     f, w = _setup(rank)
     rows = np.random.default_rng(rank).standard_normal((ROWS // n, COLS)).astype("float32")
     for _ in range(50):
         np.asarray(f(rows, w))
-    # Alone: every process loops on its own at once.
     flags[n + rank] = 1
     while min(flags[n:2 * n]) < 1:
         pass
@@ -53,6 +54,11 @@ def _worker(rank, n, flags, results, alone, calls):
         times.append(time.perf_counter() - t)
     alone[rank] = statistics.median(times)
     flags[n + rank] = 2
+    return f, w, rows
+
+
+def _worker(rank, n, flags, results, alone, calls):
+    f, w, rows = _alone(rank, n, flags, alone, calls)
     # Coordinated: wait for call k, compute, post the result.
     k = 0
     while True:
@@ -73,20 +79,7 @@ def run(n, calls):
     procs = [ctx.Process(target=_worker, args=(r, n, flags, results, alone, calls)) for r in range(1, n)]
     for p in procs:
         p.start()
-    f, w = _setup(0)
-    rows = np.random.default_rng(0).standard_normal((ROWS // n, COLS)).astype("float32")
-    for _ in range(50):
-        np.asarray(f(rows, w))
-    flags[n] = 1
-    while min(flags[n:2 * n]) < 1:
-        pass
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        np.asarray(f(rows, w))
-        times.append(time.perf_counter() - t)
-    alone[0] = statistics.median(times)
-    flags[n] = 2
+    f, w, rows = _alone(0, n, flags, alone, calls)
     while min(flags[n:2 * n]) < 2:
         pass
     times = []

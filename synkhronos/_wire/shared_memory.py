@@ -103,20 +103,25 @@ class Segment:
         count = int(np.prod(shape, dtype=np.int64))
         return np.frombuffer(self.mmap, dtype=dtype, count=count, offset=offset).reshape(shape)
 
-    def close(self):
+    def close(self, collect=False):
         """Unmap; views still alive keep the memory until they are collected.
 
-        A view that only a reference cycle still holds (say, the frames of a
-        traceback that JAX kept while it traced a rank's share) is collected
-        first, so that the map goes now rather than at the next collection."""
-        for attempt in range(2):
+        ``collect``: where a view is still exported, collect garbage once and try
+        again, for a view that only a reference cycle still holds (say, the
+        frames of a traceback that JAX kept while it traced a rank's share).
+        Only where a segment is released (``free_memory``, ``close()``, a
+        worker's ``drop``): a segment replaced by a larger one while the user
+        holds a view of it would pay a collection each time."""
+        try:
+            self.mmap.close()
+        except BufferError:  # a numpy view is still exported
+            if not collect:
+                return  # the map goes with the last view
+            gc.collect()
             try:
                 self.mmap.close()
-                return
-            except BufferError:  # a numpy view is still exported
-                if attempt == 0:
-                    gc.collect()
-        # the user holds a view: the map goes with the last one
+            except BufferError:
+                pass  # the user holds a view
 
     def unlink(self):
         """Remove the name (the memory lives on while anything maps it)."""
@@ -192,14 +197,14 @@ class DataMemory:
         name = None if self.segment is None else self.segment.name
         self.array = None
         self.ref = None
-        self._drop_segment()
+        self._drop_segment(collect=True)
         return name
 
-    def _drop_segment(self):
+    def _drop_segment(self, collect=False):
         prev, self.segment, self.array = self.segment, None, None
         if prev is not None:
             prev.unlink()
-            prev.close()
+            prev.close(collect)
 
     def exposed(self):
         """Whether a view of the memory lives outside this object: one handed out
@@ -264,19 +269,21 @@ class SegmentCache:
             v = self._views[ref] = self.segment(name).array(dtype, shape, offset)
         return v
 
-    def _close(self, seg):
+    def _close(self, seg, collect=False):
         # Cached views keep the old mapping alive: forget them first.
         for ref in [r for r in self._views if r[0] == seg.name]:
             del self._views[ref]
-        seg.close()
+        seg.close(collect)
 
     def drop(self, name):
-        """Forget the mapping of the slot that ``name`` belongs to."""
+        """Forget the mapping of the slot that ``name`` belongs to (the master
+        released it: nothing of ours should hold a view, so a view only a
+        reference cycle holds is collected; see ``Segment.close``)."""
         if self._host is not None:
             name = host_copy_name(name, self._host)
         seg = self._by_slot.pop(slot_of(name), None)
         if seg is not None:
-            self._close(seg)
+            self._close(seg, collect=True)
 
     def clear(self):
         self._views.clear()

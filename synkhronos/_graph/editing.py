@@ -1,10 +1,13 @@
-"""Small helpers on PyTensor graphs that the pipeline's stages share: the
-values of data in a graph, stand-ins for rows, graphs rebuilt with parts
-replaced, graphs rewritten by named rules, and the one value of a constant."""
+"""Small helpers that read and edit PyTensor graphs: the values of data in a
+graph, stand-ins for rows, whether a variable has a gradient, graphs rebuilt
+with parts replaced, graphs rewritten by named rules, and the one value of a
+constant.  They know nothing of a session (``synkhronos.pymc`` builds its
+pipeline with them)."""
 
 import numpy as np
 
-__all__ = ["continuous", "leading", "value_of", "row_input", "replaced", "rewritten", "scalar_constant"]
+__all__ = ["continuous", "leading", "value_of", "row_input", "replaced", "rewritten", "rewritten_in_turn",
+           "scalar_constant"]
 
 
 def leading(var):
@@ -55,6 +58,14 @@ def rewritten(outputs, *rules):
     fgraph = FunctionGraph(outputs=outputs, clone=False)
     in2out(*rules).rewrite(fgraph)
     return list(fgraph.outputs)
+
+
+def rewritten_in_turn(outputs, *rules):
+    """``outputs`` rewritten in place by each of ``rules`` in turn, a pass each
+    (where one pass of them all would not do what each does alone)."""
+    for rule in rules:
+        outputs = rewritten(outputs, rule)
+    return outputs
 
 
 def scalar_constant(var):

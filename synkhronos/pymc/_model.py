@@ -16,7 +16,12 @@ Each stage is one module, called once, in this order:
 11. ``_op``: the Op that calls it, standing for the terms;
 12. ``_copy``: the model's copy that holds the Op in their place.
 
-The other modules are parts that the stages use.
+The other modules are parts that the stages use: ``_gradient`` (the
+log-density's gradient and checks as PyMC compiles them: ``_ranks``,
+``_vectorized``), ``_kernel`` with ``_blocks`` and ``_scalars`` (``_gpu``'s
+kernel over the rows) and ``_batch`` (``_evaluator``'s chains in one call).
+Their helpers on graphs, which know nothing of PyMC, are
+``synkhronos._graph.editing``'s.
 """
 
 import logging

@@ -11,10 +11,9 @@ import dataclasses
 
 import numpy as np
 
-from ._checks import parameter_checks
-from ._graphs import continuous
-from ._graphs import replaced as _replaced
-from ._stable import gradient
+from .._graph.editing import continuous
+from .._graph.editing import replaced as _replaced
+from ._gradient import gradient, parameter_checks
 
 __all__ = ["RanksGraph", "ranks_graph", "worker_graph"]
 

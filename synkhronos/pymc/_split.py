@@ -11,9 +11,9 @@ a wrong number.
 
 import numpy as np
 
-from ._graphs import replaced as _replaced
-from ._graphs import row_input as _row_input
-from ._graphs import value_of as _value_of
+from .._graph.editing import replaced as _replaced
+from .._graph.editing import row_input as _row_input
+from .._graph.editing import value_of as _value_of
 
 __all__ = ["check_rowwise"]
 

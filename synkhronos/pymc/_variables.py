@@ -2,14 +2,19 @@
 pipeline's first stage).
 
 By default every observed variable is split, or, in a model that has none,
-every potential that sums over rows of data (``_potentials``); ``observed=``
-names them instead.  The row count is the longest leading dimension of their
-data, unless ``rows=`` gives it; by default, the variables of another length
-are then left to this process.
+every potential that sums over rows of data; ``observed=`` names them instead.
+The row count is the longest leading dimension of their data, unless ``rows=``
+gives it; by default, the variables of another length are then left to this
+process.
+
+A potential is split where it is a likelihood written as one, as older
+tutorials and custom likelihoods do: ``pm.Potential("ll", pm.math.sum(<one
+value per row>))``.  Its per-row values are then the term (``_terms``), its
+rows those of the data it reads (``_split`` then proves the rows independent,
+as for any term).
 """
 
-from ._graphs import leading as _leading
-from ._potentials import potential_rows, row_potentials
+from .._graph.editing import leading as _leading
 
 __all__ = ["row_count", "rows_of", "split_variables"]
 
@@ -30,7 +35,7 @@ def _observed(model, observed):
     if observed is None:
         if model.observed_RVs:
             return list(model.observed_RVs)
-        potentials = row_potentials(model)
+        potentials = [p for p in model.potentials if _sums_over_rows(p) and _potential_rows(p) is not None]
         if potentials:
             return potentials
         raise ValueError("model has no observed variables, nor a potential that sums over rows of data: "
@@ -43,6 +48,9 @@ def _observed(model, observed):
         if rv not in model.observed_RVs and rv not in model.potentials:
             raise ValueError("observed: %r is not an observed variable or potential of the model (those are "
                              "%s)" % (v, [r.name for r in model.observed_RVs + model.potentials]))
+        if rv in model.potentials and not _sums_over_rows(rv):
+            raise ValueError("potential %r is not a sum of one value per row (pm.math.sum(...) of row-wise "
+                             "log-densities), so it cannot be split; leave it out of observed=" % rv.name)
         out.append(rv)
     return out
 
@@ -53,10 +61,31 @@ def _check_rows(rows):
     return rows
 
 
+def _sums_over_rows(potential):
+    """Whether ``potential`` is a sum, over every axis, of values with rows."""
+    from pytensor.tensor.math import Sum
+
+    node = potential.owner
+    if node is None or not isinstance(node.op, Sum):
+        return False
+    x = node.inputs[0]
+    return x.type.ndim >= 1 and (node.op.axis is None or sorted(node.op.axis) == list(range(x.type.ndim)))
+
+
+def _potential_rows(potential):
+    """The rows of a potential that ``_sums_over_rows``: the longest leading
+    length of the data (constants, shared variables) it reads; None if none."""
+    from pytensor.graph.traversal import ancestors
+
+    lengths = [_leading(v) for v in ancestors([potential]) if v.owner is None]
+    lengths = [n for n in lengths if n is not None]
+    return max(lengths) if lengths else None
+
+
 def rows_of(model, var):
     """The rows of observed variable (or row-sum potential) ``var``, or None."""
     if var in model.potentials:
-        return potential_rows(var)
+        return _potential_rows(var)
     return _leading(model.rvs_to_values[var])
 
 

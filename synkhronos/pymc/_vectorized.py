@@ -8,17 +8,41 @@ for all of them.  It pays where the ranks compile with JAX, and is built only
 where PyTensor vectorizes every Op (a Blockwise left in the graph loops over
 the points, no faster than one call each); otherwise the ranks evaluate one
 point a call.
+
+A batched graph compiled as PyMC compiles its parameter checks
+(``_gradient.parameter_checks``) sums ``switch(ok, logp, -inf)`` over a term's
+rows, where ``ok`` reduces a condition over every row first: two reductions,
+one after the other, over the same rows.  Two rewrites that keep every value
+(a sum may add its terms in another order, as a compiler may anyway) make the
+batched graph's checks cheaper under JAX:
+
+- ``summed_checks``: a sum over rows of ``switch(ok, x, -inf)`` (or ``0``), where
+  ``ok`` is the same for every row, is ``switch(ok, sum(x), -inf)``: the two
+  reductions become independent and XLA computes them in one pass;
+- ``bounded_checks``: a check of a link function's output against that
+  function's own range, as the Bernoulli's ``0 <= sigmoid(eta) <= 1``, fails
+  only where its argument is NaN; it becomes ``not isnan(eta)``, which saves a
+  transcendental per row and point.
+
+See the docs page "PyMC" for what they measured.
 """
 
 import dataclasses
 import logging
 
-from .._session import runtime
-from ._checks import parameter_checks, ranks_checks
-from ._graphs import continuous, rewritten
-from ._stable import gradient
+import numpy as np
+from pytensor.graph.rewriting.basic import node_rewriter
+from pytensor.scalar.basic import GE, LE, Add, Exp, Switch
+from pytensor.scalar.math import Sigmoid
+from pytensor.tensor import cast, eq, invert, isnan, prod, squeeze, switch
+from pytensor.tensor.basic import Alloc, alloc
+from pytensor.tensor.elemwise import CAReduce, Elemwise
 
-__all__ = ["vectorized"]
+from .._graph.editing import continuous, rewritten, scalar_constant
+from .._session import runtime
+from ._gradient import gradient, parameter_checks
+
+__all__ = ["bounded_checks", "summed_checks", "vectorized"]
 
 logger = logging.getLogger("synkhronos")
 
@@ -75,7 +99,9 @@ def _batched(params, single, total, check_bounds):
     import pytensor.tensor as pt
     from pytensor.graph.replace import vectorize_graph
 
-    stacked = [pt.tensor(dtype=p.dtype, shape=(None,) + p.type.shape, name=p.name) for p in params]
+    # (TensorType, not pt.tensor: pt.tensor reads a name such as bambi's
+    # "1|group_sigma" as a dtype string, and fails)
+    stacked = [pt.TensorType(p.dtype, shape=(None,) + p.type.shape)(name=p.name) for p in params]
     replace = dict(zip(params, stacked))
     try:
         outputs = vectorize_graph(single, replace=replace)
@@ -87,8 +113,8 @@ def _batched(params, single, total, check_bounds):
         why = "%s: %s" % (type(exc).__name__, exc)
     else:
         looped = _looped(outputs)
-        if not looped:
-            return stacked, ranks_checks(outputs)
+        if not looped:  # both check rewrites in one pass (the docs page "PyMC" has each alone)
+            return stacked, rewritten(outputs, summed_checks, bounded_checks)
         why = "no batched form of %s" % ", ".join(looped)
     logger.info("synkhronos.pymc: one point at a time on the ranks (%s)", why)
     return None
@@ -130,3 +156,67 @@ def _looped(outputs):
     from pytensor.tensor.blockwise import Blockwise
 
     return sorted({str(n.op.core_op) for n in apply_ancestors(outputs) if isinstance(n.op, Blockwise)})
+
+
+# ------------------------------------------------------------ the batched checks
+@node_rewriter([CAReduce])
+def summed_checks(fgraph, node):
+    """``sum(switch(ok, x, fill))`` over axes along which ``ok`` is the same, with
+    ``fill`` 0 or -inf, as ``switch(ok, sum(x), fill)`` (-inf only where those
+    axes hold a value: the sum of none is 0)."""
+    (summed,) = node.inputs
+    if not isinstance(node.op.scalar_op, Add) or summed.owner is None:
+        return None
+    inner, shape = summed.owner, None
+    if isinstance(inner.op, Alloc) and inner.inputs[0].owner is not None:
+        # (a vectorized graph broadcasts the switch to its full shape: the sum of
+        # the broadcast switch is the switch of the broadcast values' sum)
+        inner, shape = inner.inputs[0].owner, inner.inputs[1:]
+    if not isinstance(inner.op, Elemwise) or not isinstance(inner.op.scalar_op, Switch):
+        return None
+    ok, x, fill = inner.inputs
+    if shape is not None:
+        x = alloc(x, *shape)
+    value = scalar_constant(fill)
+    plus_zero = value == 0.0 and not np.signbit(value)  # a sum of -0.0s is -0.0, not 0
+    axes = tuple(range(summed.ndim)) if node.op.axis is None else tuple(node.op.axis)
+    if (not (plus_zero or value == -np.inf) or x.type != summed.type or not axes
+            or not all(ok.type.broadcastable[a] for a in axes)):
+        return None
+    total = node.op(x)
+    if plus_zero:
+        out = switch(squeeze(ok, axis=axes), total, 0)
+    else:
+        rows = prod([summed.shape[a] for a in axes])
+        out = switch(squeeze(ok, axis=axes), total, switch(eq(rows, 0), 0, -np.inf))
+    return [cast(out, node.outputs[0].dtype)]
+
+
+# The range of each link function, on every input but NaN.
+_RANGES = {Sigmoid: (0.0, 1.0), Exp: (0.0, float("inf"))}
+
+
+def _holds_unless_nan(op, fn_side, bound, low, high):
+    """Whether ``f(x) op bound`` (``fn_side`` 0) or ``bound op f(x)`` (1) holds for
+    every value ``f`` takes, all in ``[low, high]``."""
+    at_least = isinstance(op, GE) == (fn_side == 0)  # f(x) >= bound
+    return bound <= low if at_least else bound >= high
+
+
+@node_rewriter([Elemwise])
+def bounded_checks(fgraph, node):
+    """``f(x) >= low`` and ``f(x) <= high``, where ``[low, high]`` holds every
+    value ``f`` takes (see the module docstring), as ``not isnan(x)``."""
+    if not isinstance(node.op.scalar_op, (GE, LE)) or len(node.inputs) != 2:
+        return None
+    for side, var in enumerate(node.inputs):
+        inner = var.owner
+        if inner is None or not isinstance(inner.op, Elemwise) or type(inner.op.scalar_op) not in _RANGES:
+            continue
+        bound = scalar_constant(node.inputs[1 - side])
+        x = inner.inputs[0]
+        if bound is None or x.type.broadcastable != node.outputs[0].type.broadcastable:
+            continue
+        if _holds_unless_nan(node.op.scalar_op, side, bound, *_RANGES[type(inner.op.scalar_op)]):
+            return [invert(isnan(x))]
+    return None

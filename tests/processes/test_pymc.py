@@ -332,7 +332,7 @@ def test_nan_and_infinite_parameters_give_what_pymc_gives(session, batch):
     parameters too, one point at a time and in the batched graph, and the
     gradient PyMC 6 gives: ``x^T (y - sigmoid(eta)) - b``, NaN only at NaN.
     (PyMC 5's is NaN at the last two points: PyTensor 2.38 differentiates
-    ``log1p(-sigmoid(eta))`` as ``-s(1-s)/(1-s)``; see ``synkhronos.pymc._stable``.)"""
+    ``log1p(-sigmoid(eta))`` as ``-s(1-s)/(1-s)``; see ``synkhronos.pymc._gradient``.)"""
     from scipy.special import expit
 
     rng = np.random.default_rng(8)

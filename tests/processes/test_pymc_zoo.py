@@ -194,7 +194,7 @@ class _RanksGraphs:
     shifted by each of ``shifts``, stacked."""
 
     def __init__(self, model, shifts=(0.0, 0.1, -0.05)):
-        from synkhronos.pymc._checks import parameter_checks
+        from synkhronos.pymc._gradient import parameter_checks
         from synkhronos.pymc._ranks import worker_graph
         from synkhronos.pymc._split import _initial_params
         from synkhronos.pymc._terms import find_terms
@@ -219,12 +219,13 @@ def _batched_graph_values(model, on_gpu):
     of these graphs at random.)"""
     import pytensor
 
-    from synkhronos.pymc._gpu import _gpu_forms
+    from synkhronos._graph.editing import rewritten_in_turn
+    from synkhronos.pymc._gpu import GPU_FORMS
 
     g = _RanksGraphs(model)
     for shared, value in zip(g.shareds, g.terms.row_values):
         shared.set_value(value)
-    outputs = _gpu_forms(g.outputs) if on_gpu else g.outputs
+    outputs = rewritten_in_turn(g.outputs, *GPU_FORMS) if on_gpu else g.outputs
     fn = pytensor.function(g.stacked + g.data, outputs, mode=pytensor.compile.mode.Mode("py", "fast_run"))
     return [np.asarray(o) for o in fn(*g.points, *g.data_values)], outputs
 
@@ -233,13 +234,13 @@ def _batched_graph_values(model, on_gpu):
                          ids=lambda f: getattr(f, "__name__", "logistic").replace("<lambda>", "logistic"))
 def test_the_gpu_ranks_batched_graph_gives_the_same_values(make):
     """GPU ranks' batched graph writes products with a few features out
-    (``synkhronos.pymc._products``) and softplus with one exponential
-    (``_softplus``): the CPU ranks' values at three points."""
+    and softplus with one exponential (``synkhronos.pymc._gpu``): the CPU
+    ranks' values at three points."""
     from pytensor.graph.traversal import apply_ancestors
     from pytensor.scalar.math import Softplus
     from pytensor.tensor.math import Dot
 
-    from synkhronos.pymc._softplus import OneExpSoftplus
+    from synkhronos.pymc._gpu import OneExpSoftplus
 
     model = make()
     want, _ = _batched_graph_values(model, on_gpu=False)
@@ -260,13 +261,13 @@ def _rows_kernel_values(model):
     graph (else the batched graph's JAX function)."""
     import jax
 
-    from synkhronos.pymc._gpu import _gpu_forms
+    from synkhronos._graph.editing import rewritten_in_turn
+    from synkhronos.pymc._gpu import GPU_FORMS, ONE_EXP_SOFTPLUS
     from synkhronos.pymc._kernel import Kernel, jax_form, rows_kernel
-    from synkhronos.pymc._softplus import with_one_exp_softplus
 
     g = _RanksGraphs(model)
-    kernel = rows_kernel(g.params, g.data, g.shareds, with_one_exp_softplus(g.single), g.stacked,
-                         _gpu_forms(g.outputs))
+    single, batched = rewritten_in_turn(g.single, *ONE_EXP_SOFTPLUS), rewritten_in_turn(g.outputs, *GPU_FORMS)
+    kernel = rows_kernel(g.params, g.data, g.shareds, single, g.stacked, batched)
     op = kernel[0].owner.op
     before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)

@@ -1,4 +1,4 @@
-"""``synkhronos.pymc._checks``: the two rewrites of PyMC's parameter checks in the
+"""``synkhronos.pymc._vectorized``: the two rewrites of PyMC's parameter checks in the
 ranks' batched graphs keep every value, NaN and infinities included, and leave
 every other graph as it was."""
 
@@ -19,7 +19,7 @@ from pytensor.tensor.elemwise import CAReduce
 
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 
-from synkhronos.pymc._checks import bounded_checks, summed_checks  # noqa: E402
+from synkhronos.pymc._vectorized import bounded_checks, summed_checks  # noqa: E402
 
 VALUES = [-np.inf, -800.0, -40.0, -1.0, -0.0, 0.0, 1e-300, 2.0, 40.0, 800.0, np.inf, np.nan]
 PLAIN = pytensor.compile.mode.Mode(optimizer=None)
@@ -152,7 +152,7 @@ def test_the_bernoullis_batched_graph_gets_both_rewrites():
     Bernoulli log-density: no comparison of a sigmoid, no switch inside a sum."""
     import pymc as pm
 
-    from synkhronos.pymc._checks import parameter_checks
+    from synkhronos.pymc._gradient import parameter_checks
     from synkhronos.pymc._vectorized import _batched
 
     def compared_sigmoids(out):

@@ -1,4 +1,4 @@
-"""``synkhronos.pymc._products``: products with a few features, written as
+"""``synkhronos.pymc._gpu``'s products with a few features, written as
 elementwise products and sums for the GPU ranks, keep every value (to the
 rounding of a sum in another order) and leave other products alone."""
 
@@ -16,9 +16,14 @@ from pytensor.tensor.math import Dot
 
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 
-from synkhronos.pymc._products import FEW, _transposed, feature_sums  # noqa: E402
+from synkhronos._graph.editing import rewritten  # noqa: E402
+from synkhronos.pymc._gpu import FEW, _transposed, few_feature_products  # noqa: E402
 
 PLAIN = pytensor.compile.mode.Mode(optimizer=None)
+
+
+def feature_sums(outputs):
+    return rewritten(outputs, few_feature_products)
 
 
 def _dots(outputs):

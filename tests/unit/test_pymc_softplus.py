@@ -1,4 +1,4 @@
-"""``synkhronos.pymc._softplus``: GPU ranks compute softplus (and the log of a
+"""``synkhronos.pymc._gpu``: GPU ranks compute softplus (and the log of a
 sigmoid, which PyTensor's stabilize makes one) with one exponential, as
 ``jax.nn.softplus``: PyTensor's values, a JAX form with one exponential, and a
 rank that unpickles the graph gets that form."""
@@ -19,7 +19,8 @@ from pytensor.scalar.math import Sigmoid, Softplus
 
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 
-from synkhronos.pymc._softplus import OneExpSoftplus, with_one_exp_softplus  # noqa: E402
+from synkhronos._graph.editing import rewritten_in_turn  # noqa: E402
+from synkhronos.pymc._gpu import ONE_EXP_SOFTPLUS, OneExpSoftplus  # noqa: E402
 
 PLAIN = pytensor.compile.mode.Mode(optimizer=None)
 FORMS = {
@@ -30,6 +31,10 @@ FORMS = {
     "log(1 - sigmoid(x))": lambda x: pt.log(1 - pt.sigmoid(x)),
 }
 WANT = {"softplus(x)": lambda x: np.logaddexp(0, x), "log(sigmoid(x))": lambda x: -np.logaddexp(0, -x)}
+
+
+def with_one_exp_softplus(outputs):
+    return rewritten_in_turn(outputs, *ONE_EXP_SOFTPLUS)
 
 
 def _ops(outputs, kind):
@@ -97,7 +102,7 @@ def test_a_rank_unpickling_the_graph_gets_the_jax_form():
         from pytensor.graph.traversal import graph_inputs
         from pytensor.link.jax.dispatch import jax_funcify
         outputs = pickle.loads(sys.stdin.buffer.read())
-        from synkhronos.pymc._softplus import OneExpSoftplus
+        from synkhronos.pymc._gpu import OneExpSoftplus
         assert OneExpSoftplus in jax_funcify.registry
         import jax
         from pytensor.graph.fg import FunctionGraph

@@ -1,4 +1,4 @@
-"""``synkhronos.pymc._stable``: ``log1p(-1 * sigmoid(x))`` as ``-softplus(x)``,
+"""``synkhronos.pymc._gradient``: ``log1p(-1 * sigmoid(x))`` as ``-softplus(x)``,
 the same values to rounding and a gradient that stays finite where sigmoid
 rounds to 1 (as PyTensor 3.3's stabilize gives it; PyTensor 2.38's does not)."""
 
@@ -13,7 +13,7 @@ from pytensor.scalar.math import Sigmoid, Softplus
 
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 
-from synkhronos.pymc._stable import stabilized  # noqa: E402
+from synkhronos.pymc._gradient import stabilized  # noqa: E402
 
 PLAIN = pytensor.compile.mode.Mode(optimizer=None)
 

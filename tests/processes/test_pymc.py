@@ -102,6 +102,36 @@ def test_logp_and_gradient_equal_pymcs(session, make, n):
     assert_same_density(model, data_parallel(model))
 
 
+def formula_names(n, groups=6, seed=7):
+    """A logistic GLMM with varying intercepts and slopes named as bambi names them
+    (``1|group_sigma``, ``x1|group_offset``): names that are not identifiers."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(0, groups, n)
+    x = rng.standard_normal(n)
+    y = (rng.random(n) < 0.5).astype("int64")
+    with pm.Model(coords={"group": np.arange(groups)}) as m:
+        gd = pm.Data("group_idx", g)
+        xd = pm.Data("x1", x)
+        a = pm.Normal("Intercept", 0, 1)
+        b = pm.Normal("x1_coef", 0, 1)
+        a_sd = pm.HalfNormal("1|group_sigma", 1)
+        a_off = pm.Normal("1|group_offset", 0, 1, dims="group")
+        b_sd = pm.HalfNormal("x1|group_sigma", 1)
+        b_off = pm.Normal("x1|group_offset", 0, 1, dims="group")
+        eta = a + a_off[gd] * a_sd + (b + b_off[gd] * b_sd) * xd
+        pm.Bernoulli("y", logit_p=eta, observed=y)
+    return m
+
+
+def test_parameter_names_that_are_not_identifiers_split_batched(session):
+    """bambi's names (``1|group_sigma``) once made the batched graph's inputs fail
+    (PyTensor read the name as a dtype string)."""
+    model = formula_names(1003)
+    split = data_parallel(model, batch=True)
+    assert split.potentials[0].owner.op.evaluator.batched
+    assert_same_density(model, split)
+
+
 def test_original_model_is_left_as_it_was(session):
     model = hierarchical(501)
     before = model.compile_logp()(model.initial_point())
@@ -130,6 +160,17 @@ def test_find_map_agrees(session):
     m1 = pm.find_MAP(model=data_parallel(model), **kw)
     for name in ("mu", "alpha", "beta", "sigma"):
         np.testing.assert_allclose(m1[name], m0[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["advi", "fullrank_advi"])
+def test_variational_fit_follows_the_same_loss(session, method):
+    """``pm.fit`` on the copy: the same loss at every step under one seed."""
+    model = hierarchical(3000)
+    kw = dict(method=method, random_seed=1, progressbar=False)
+    plain = pm.fit(150, model=model, **kw)
+    split = pm.fit(150, model=data_parallel(model), **kw)
+    np.testing.assert_allclose(split.hist, plain.hist, rtol=1e-9)
+    assert len(split.hist) == 150 and np.all(np.isfinite(split.hist))
 
 
 def test_sample_with_pymcs_default_processes_runs_in_this_process(session, caplog):

@@ -28,6 +28,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener, wait
 
 from .._common.returns import Returns
+from .._devices.cpu import usable_cores
 from .._wire.protocol import failure
 
 __all__ = ["Service", "Route", "call"]
@@ -44,7 +45,8 @@ class Service:
     """The owner's side: handlers by number, a listener started at the first
     ``route``, one thread that serves every connected child."""
 
-    def __init__(self):
+    def __init__(self, ranks_here=1):
+        self._ranks_here = ranks_here  # this host's ranks: they and the children share its cores
         self._handlers = []
         self._lingers = []
         self._lock = threading.Lock()
@@ -133,19 +135,23 @@ class Service:
 
     def _linger(self, conns, pending, returns):
         """Read requests until the children expected back soon have asked, or
-        are late.  It polls: they are due within a fraction of a run, less than
-        an idle core takes to wake up from a blocking wait."""
+        are late.  It polls where every rank of this host and every child has a
+        core of its own: they are due within a fraction of a run, less than an
+        idle core takes to wake up from a blocking wait.  Where cores are fewer,
+        a poll would take the core a chain or a rank needs: it waits instead."""
         start = time.monotonic()
         expected, until = returns.expected(start)
         expected.intersection_update(conns)
+        poll = self._ranks_here + len(conns) <= usable_cores()
         while True:
             expected.difference_update(pending)
-            if not expected or time.monotonic() >= until or self._closed:
+            left = until - time.monotonic()
+            if not expected or left <= 0 or self._closed:
                 break
-            ready = wait([c for c in conns if c not in pending] + [self._wake_r], 0)
+            ready = wait([c for c in conns if c not in pending] + [self._wake_r], 0 if poll else left)
             if ready:
                 self._read(ready, conns, pending, returns)
-            else:
+            elif poll:
                 os.sched_yield()  # (a chain on this core goes first)
         self.lingered_s += time.monotonic() - start
 

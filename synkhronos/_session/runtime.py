@@ -216,7 +216,8 @@ class Runtime:
         self.owner = os.getpid()  # the process that drives the session
         self.foreign = False  # True in a child forked from the owner (see the module docstring)
         self.lock = threading.RLock()  # held by every public call (see ``locked``)
-        self.service = Service()  # evaluations for child processes (see ``_session.child_service``)
+        # evaluations for child processes (see ``_session.child_service``)
+        self.service = Service(n_parallel if cluster is None else cluster.ranks_on_my_node(n_parallel))
         self.reduce_pool = ChunkPool()  # the master's threads for reducing large outputs
 
     # ------------------------------------------------------------- queries

@@ -196,3 +196,55 @@ def test_requests_and_replies_larger_than_a_sockets_buffer(service):
     kind, got = _in_fork(lambda: call(route, np.arange(300_000.0)))
     assert kind == "ok"
     np.testing.assert_array_equal(got, 2 * np.arange(300_000.0))
+
+
+def _lingering_cpu(ranks_here):
+    """(The service's process's CPU seconds, each child's results) for two forked
+    children that think 8 ms between requests, served one 40 ms run at a time
+    with ``linger`` 0.5, by a service whose host has ``ranks_here`` ranks."""
+    service = Service(ranks_here)
+    try:
+        def tenfold_slowly(requests):
+            time.sleep(0.04)
+            return [10 * x for (x,) in requests]
+
+        route = service.route(tenfold_slowly, linger=0.5)
+        ctx = multiprocessing.get_context("fork")
+        pipes, procs = [], []
+        for c in range(2):
+            parent, child = ctx.Pipe()
+
+            def target(c=c, child=child):
+                out = []
+                for i in range(15):
+                    time.sleep(0.008)  # a chain's own work between two evaluations
+                    out.append(call(route, 100 * c + i))
+                child.send(out)
+
+            procs.append(ctx.Process(target=target))
+            pipes.append(parent)
+        cpu = time.process_time()
+        for p in procs:
+            p.start()
+        results = []
+        for c, parent in enumerate(pipes):
+            assert parent.poll(60), "child %d did not answer" % c
+            results.append(parent.recv())
+        cpu = time.process_time() - cpu
+        for p in procs:
+            p.join(30)
+        return cpu, results
+    finally:
+        service.close()
+
+
+def test_where_cores_are_fewer_than_ranks_and_children_the_service_waits_without_polling():
+    """With a core for every rank and child the service polls for the children
+    expected back (they are due sooner than a core wakes); with fewer cores it
+    waits in the kernel instead, and leaves the cores to the chains and ranks."""
+    want = [[10 * (100 * c + i) for i in range(15)] for c in range(2)]
+    polled, got = _lingering_cpu(ranks_here=0)  # two children, at least two cores: it polls
+    assert got == want
+    waited, got = _lingering_cpu(ranks_here=10**6)
+    assert got == want
+    assert waited < polled / 2, (waited, polled)

@@ -14,7 +14,8 @@ from ._base import Device
 logger = logging.getLogger("synkhronos")
 
 __all__ = ["CpuDevice", "usable_cores", "THREAD_VARS", "thread_share", "limit_threads", "thread_pools",
-           "core_share", "start_jax_pool", "worker_jax_cores", "jax_by_default", "forked_after_jax"]
+           "core_share", "start_jax_pool", "worker_jax_cores", "jax_by_default", "forked_after_jax",
+           "jax_started"]
 
 # The variables by which a user fixes thread counts; any of them set means the
 # user chose, and no rank's threads are changed.
@@ -86,20 +87,22 @@ def jax_by_default():
 _FORK_STATE = {"after_jax": False}
 
 
-def _jax_started():
-    """Whether JAX has started a backend (and its threads) in this process."""
+def jax_started(if_unknown):
+    """Whether JAX has started a backend (and its threads) in this process;
+    ``if_unknown`` where a JAX whose internals moved cannot tell (the caller's
+    safe side)."""
     if "jax" not in sys.modules:
         return False
     try:
         from jax._src import xla_bridge
 
         return bool(xla_bridge._backends)
-    except Exception:  # a JAX whose internals moved: assume it started
-        return True
+    except Exception:
+        return if_unknown
 
 
 def _note_fork():
-    _FORK_STATE["after_jax"] = _FORK_STATE["after_jax"] or _jax_started()
+    _FORK_STATE["after_jax"] = _FORK_STATE["after_jax"] or jax_started(if_unknown=True)
 
 
 os.register_at_fork(after_in_child=_note_fork)

@@ -5,7 +5,8 @@ settings), and how JAX is configured to match PyTensor."""
 import os
 import shutil
 import subprocess
-import sys
+
+from ..cpu import jax_started
 
 __all__ = ["EnvMixin", "visible_gpus", "gpu_stack_available", "PRECISIONS"]
 
@@ -114,16 +115,8 @@ class EnvMixin:
 
     def setup_master(self, rank):
         """Make the master process see only its own GPU, before JAX starts."""
-        started = False
-        if "jax" in sys.modules:
-            try:
-                from jax._src import xla_bridge
-
-                started = bool(xla_bridge._backends)
-            except Exception:
-                started = False
         mine = self.gpu_ids[rank]
-        if started and os.environ.get("CUDA_VISIBLE_DEVICES") != mine:
+        if jax_started(if_unknown=False) and os.environ.get("CUDA_VISIBLE_DEVICES") != mine:
             raise RuntimeError(
                 "JAX already runs in this process on GPU %s, so the master cannot use GPU %s "
                 "(master_rank=%d): call synkhronos.fork() before running anything with JAX "

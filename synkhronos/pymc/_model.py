@@ -22,6 +22,12 @@ log-density's gradient and checks as PyMC compiles them: ``_ranks``,
 kernel over the rows) and ``_batch`` (``_evaluator``'s chains in one call).
 Their helpers on graphs, which know nothing of PyMC, are
 ``synkhronos._graph.editing``'s.
+
+``loo(idata, copy)`` (``_loo``) builds on a copy: the Op keeps each term's
+per-row log-density in the ranks' inputs (``_pointwise``), from which
+``_loo_ranks`` makes two functions of the ranks, the rows' log-likelihood at
+every draw and ArviZ's PSIS of each row (``_psis``); ``_elpd`` puts the rows'
+values in ArviZ's ELPD object in this process.
 """
 
 import logging
@@ -36,6 +42,7 @@ from ._evaluator import evaluator
 from ._gpu import for_gpu_ranks
 from ._op import rows_logp
 from ._packed import packed
+from ._pointwise import pointwise_terms
 from ._ranks import ranks_graph
 from ._sendable import sendable
 from ._split import check_rowwise
@@ -122,6 +129,7 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     fn = distributed(graph, terms.row_values)
     served, route = evaluator(fn, graph)
     op = rows_logp(served, route, graph)
+    op.pointwise = pointwise_terms(model, terms, graph)  # what synkhronos.pymc.loo builds on; stays here
     logger.info("synkhronos.pymc: %s split over %d ranks (%d rows, %s)", graph.names, n, n_rows, op.dtype)
     return with_op(model, terms, op)
 

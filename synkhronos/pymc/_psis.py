@@ -1,0 +1,111 @@
+"""Pareto-smoothed importance sampling LOO of a block of rows, on the rank that
+holds them (``synkhronos.pymc.loo``).
+
+``PointwiseLoo()(loglik, reff, chains)`` takes the log-likelihood of a block
+of rows at every draw (one row per row, the draws along the last axis, chain
+after chain, as ArviZ stacks them) and returns each row's ``elpd_loo``,
+``p_loo`` and Pareto k: the rank never sends the rows x draws matrix anywhere.
+The numbers are ArviZ's own: the Op calls the PSIS of the ArviZ that is
+installed, so that they equal ``az.loo``'s.
+
+- ArviZ 0.x: ``az.psislw`` of the negated log-likelihood, then each row's
+  log-sum-exp of the smoothed weights plus its log-likelihood (``elpd_loo``),
+  and of its log-likelihood over the draws (``lppd``), as ``az.loo`` does;
+- ArviZ 1.x: ``arviz_stats``' array ``loo``, which ``az.loo`` runs per row.
+
+The Op runs numpy, in Python: ``perform`` under PyTensor's Python linker (CPU
+ranks, see ``_loo_ranks``), and on GPU ranks, which compile with JAX only, a
+``jax.pure_callback`` of the same function (the block comes to the host for
+it).  This module registers the JAX form when it is imported, which is also
+where a rank unpickles the Op.
+"""
+
+import warnings
+
+import numpy as np
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+
+__all__ = ["PointwiseLoo", "arviz_major", "pointwise_loo"]
+
+
+def arviz_major():
+    """The major version of the ArviZ installed (0, or 1 and later)."""
+    import arviz
+
+    return int(arviz.__version__.split(".")[0])
+
+
+def pointwise_loo(loglik, reff, chains):
+    """``(elpd_i, p_loo_i, k_i)`` of each row of ``loglik`` (rows x ... x
+    draws, the draws of ``chains`` chains one chain after another), with
+    relative efficiency ``reff``, each of shape ``loglik.shape[:-1]``."""
+    loglik = np.asarray(loglik)
+    shape, n_samples = loglik.shape[:-1], loglik.shape[-1]
+    if loglik.size == 0:
+        return tuple(np.zeros(shape, dtype=loglik.dtype) for _ in range(3))
+    rows = np.ascontiguousarray(loglik.reshape(-1, n_samples))  # each row's draws contiguous, as ArviZ
+    reff = float(reff)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        # ArviZ warns of poor fits per row; loo warns once, in the master, from every k.
+        warnings.simplefilter("ignore")
+        if arviz_major() == 0:
+            from arviz import psislw
+            from arviz.stats.stats_utils import logsumexp
+
+            log_weights, k = psislw(-rows, reff)
+            log_weights += rows
+            elpd = logsumexp(log_weights, axis=-1)
+            p = logsumexp(rows, b_inv=n_samples, axis=-1) - elpd
+        else:
+            from arviz_stats.base import array_stats
+
+            by_chain = rows.reshape(rows.shape[0], int(chains), n_samples // int(chains))
+            elpd, k, p = array_stats.loo(by_chain, chain_axis=-2, draw_axis=-1, r_eff=reff)
+    return tuple(np.asarray(x, dtype=loglik.dtype).reshape(shape) for x in (elpd, p, k))
+
+
+class PointwiseLoo(Op):
+    """``PointwiseLoo()(loglik, reff, chains)`` -> ``(elpd_i, p_loo_i, k_i)``,
+    each of ``loglik``'s shape without its last axis (the draws)."""
+
+    __props__ = ()
+
+    def make_node(self, loglik, reff, chains):
+        import pytensor.tensor as pt
+
+        loglik = pt.as_tensor_variable(loglik)
+        if loglik.type.ndim < 2:
+            raise TypeError("PointwiseLoo takes rows x draws, got %d axes" % loglik.type.ndim)
+        out = pt.tensor(dtype=loglik.dtype, shape=loglik.type.shape[:-1])
+        return Apply(self, [loglik, pt.as_tensor_variable(reff), pt.as_tensor_variable(chains)],
+                     [out.type() for _ in range(3)])
+
+    def perform(self, node, inputs, output_storage):
+        for store, value in zip(output_storage, pointwise_loo(*inputs)):
+            store[0] = value
+
+    def infer_shape(self, *args):  # PyTensor 3.3: (node, shapes); before: (fgraph, node, shapes)
+        shapes = args[-1]
+        return [tuple(shapes[0][:-1])] * 3
+
+
+def _jax_form(op, node=None, **kwargs):
+    """``PointwiseLoo`` under JAX: the same numpy function as a callback."""
+    import jax
+
+    dtype = node.outputs[0].dtype if node is not None else None
+
+    def pointwise(loglik, reff, chains):
+        spec = jax.ShapeDtypeStruct(loglik.shape[:-1], dtype or loglik.dtype)
+        return jax.pure_callback(pointwise_loo, (spec, spec, spec), loglik, reff, chains)
+
+    return pointwise
+
+
+try:
+    from pytensor.link.jax.dispatch import jax_funcify
+except ImportError:  # no JAX: PyTensor's other linkers run perform
+    pass
+else:
+    jax_funcify.register(PointwiseLoo)(_jax_form)

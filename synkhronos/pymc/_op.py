@@ -41,6 +41,8 @@ class RowsLogp(Op):
     ``evaluator`` runs it in the session's process; ``route`` reaches that
     process's service from a child; ``names`` label it in errors."""
 
+    pointwise = None  # the terms per row (``_pointwise``), for ``loo``; set in the session's process only
+
     def __init__(self, evaluator, route, names, dtype, continuous):
         self.evaluator = evaluator
         self.route = route

@@ -335,8 +335,9 @@ synk.close()
 
 
 def test_by_default_cpu_ranks_compile_with_jax_and_batch(tmp_path):
-    """Outside the tests' FAST_COMPILE: the terms compile with JAX on CPU ranks
-    and pending points share one pass, with PyMC's numbers."""
+    """With no PYTENSOR_FLAGS at all (not even the suite's reference flags): the
+    terms compile with JAX on CPU ranks and pending points share one pass, with
+    PyMC's numbers."""
     import os
     import subprocess
     import sys

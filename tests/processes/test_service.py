@@ -11,6 +11,7 @@ import pickle
 import stat
 import threading
 import time
+from multiprocessing.connection import wait
 
 import numpy as np
 import pytest
@@ -198,10 +199,21 @@ def test_requests_and_replies_larger_than_a_sockets_buffer(service):
     np.testing.assert_array_equal(got, 2 * np.arange(300_000.0))
 
 
-def _lingering_cpu(ranks_here):
-    """(The service's process's CPU seconds, each child's results) for two forked
-    children that think 8 ms between requests, served one 40 ms run at a time
-    with ``linger`` 0.5, by a service whose host has ``ranks_here`` ranks."""
+def _lingering_polls(ranks_here, monkeypatch):
+    """(The service's polls: its waits with no timeout, each child's results)
+    for two forked children that think 8 ms between requests, served one 40 ms
+    run at a time with ``linger`` 0.5, by a service whose host has
+    ``ranks_here`` ranks."""
+    from synkhronos._session import child_service
+
+    polls = []
+
+    def counted(conns, timeout=None):
+        if timeout == 0:
+            polls.append(1)
+        return wait(conns, timeout)
+
+    monkeypatch.setattr(child_service, "wait", counted)
     service = Service(ranks_here)
     try:
         def tenfold_slowly(requests):
@@ -223,28 +235,25 @@ def _lingering_cpu(ranks_here):
 
             procs.append(ctx.Process(target=target))
             pipes.append(parent)
-        cpu = time.process_time()
         for p in procs:
             p.start()
         results = []
         for c, parent in enumerate(pipes):
             assert parent.poll(60), "child %d did not answer" % c
             results.append(parent.recv())
-        cpu = time.process_time() - cpu
         for p in procs:
             p.join(30)
-        return cpu, results
+        return len(polls), results
     finally:
         service.close()
 
 
-def test_where_cores_are_fewer_than_ranks_and_children_the_service_waits_without_polling():
+def test_where_cores_are_fewer_than_ranks_and_children_the_service_waits_without_polling(monkeypatch):
     """With a core for every rank and child the service polls for the children
     expected back (they are due sooner than a core wakes); with fewer cores it
     waits in the kernel instead, and leaves the cores to the chains and ranks."""
     want = [[10 * (100 * c + i) for i in range(15)] for c in range(2)]
-    polled, got = _lingering_cpu(ranks_here=0)  # two children, at least two cores: it polls
-    assert got == want
-    waited, got = _lingering_cpu(ranks_here=10**6)
-    assert got == want
-    assert waited < polled / 2, (waited, polled)
+    polled, got = _lingering_polls(0, monkeypatch)  # two children, at least two cores: it polls
+    assert got == want and polled > 0
+    polled, got = _lingering_polls(10**6, monkeypatch)
+    assert got == want and polled == 0

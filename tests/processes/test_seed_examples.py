@@ -50,7 +50,9 @@ print("gathered s after all-reduce:", gathered_s.tolist())
 """
 
 
-def run(script, tmp_path, flags="mode=FAST_COMPILE", stderr=False):
+def run(script, tmp_path, flags=None, stderr=False):
+    """``script``'s output, run as a user runs it: PyTensor's flags ``flags``
+    (default none: Synkhronos's functions compile with JAX)."""
     path = tmp_path / "example.py"
     path.write_text(textwrap.dedent(script))
     env = dict(os.environ)
@@ -64,8 +66,7 @@ def run(script, tmp_path, flags="mode=FAST_COMPILE", stderr=False):
 
 
 def test_introductory_example(tmp_path):
-    # PyTensor's default (Numba) linker: workers re-link the pickled functions.
-    out, err = run(INTRO, tmp_path, flags=None, stderr=True)
+    out, err = run(INTRO, tmp_path, stderr=True)
     # Status lines are log records, on stderr (tests/processes/test_logging.py).
     assert "Synkhronos attempting to use 2 of 2 detected CPU cores..." in err or "detected CPU" in err
     assert "...distribution complete (" in err

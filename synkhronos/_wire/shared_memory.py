@@ -17,12 +17,15 @@ import gc
 import mmap
 import os
 import secrets
+import signal
 import sys
+import threading
 
 import numpy as np
 import posix_ipc
 
 __all__ = [
+    "collect_garbage",
     "DataMemory",
     "Segment",
     "SegmentCache",
@@ -117,7 +120,7 @@ class Segment:
         except BufferError:  # a numpy view is still exported
             if not collect:
                 return  # the map goes with the last view
-            gc.collect()
+            collect_garbage()
             try:
                 self.mmap.close()
             except BufferError:
@@ -129,6 +132,21 @@ class Segment:
             posix_ipc.unlink_shared_memory(self.name)
         except posix_ipc.ExistentialError:
             pass
+
+
+def collect_garbage():
+    """``gc.collect()``, a Ctrl-C that comes during it raised once it is over.
+    Raised inside a finalizer or weakref callback that the collection runs,
+    KeyboardInterrupt would be printed as ignored and lost, and the call that
+    collected would go on waiting for its workers."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        gc.collect()  # (signals go to the main thread only)
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        gc.collect()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def array_ref(name, offset, dtype, shape):

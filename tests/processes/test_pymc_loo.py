@@ -85,20 +85,20 @@ def logistic_idata(seed=5, shrink=1.0):
     return idata_of({"a": correlated(rng, 0.3, 0.05), "b": shrink * correlated(rng, [0.5, -1.0, 0.2], 0.05)})
 
 
-@pytest.fixture(scope="module")
-def logistic_case(session):
-    model = logistic(ROWS)
-    idata = logistic_idata()
+def _case(model, idata):
+    """(the original, its copy, ``idata`` with the original's log-likelihood)."""
     pm.compute_log_likelihood(idata, model=model, progressbar=False)
     return model, data_parallel(model), idata
+
+
+@pytest.fixture(scope="module")
+def logistic_case(session):
+    return _case(logistic(ROWS), logistic_idata())
 
 
 @pytest.fixture(scope="module")
 def regression_case(session):
-    model = regression(ROWS)
-    idata = regression_idata()
-    pm.compute_log_likelihood(idata, model=model, progressbar=False)
-    return model, data_parallel(model), idata
+    return _case(regression(ROWS), regression_idata())
 
 
 def totals(result):

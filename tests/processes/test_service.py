@@ -146,6 +146,38 @@ def test_a_child_asking_when_the_session_closes_is_told():
     assert (kind, got) == ("ok", 5) or (kind == "error" and "closed" in got)
 
 
+def _forked_callers(route, children, calls, think_s=0.0):
+    """What each of ``children`` forked processes got from ``calls`` calls of
+    ``route``, child ``c``'s ``i``-th with argument ``100 * c + i``, each after
+    ``think_s`` of a chain's own work."""
+    ctx = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    for c in range(children):
+        parent, child = ctx.Pipe()
+
+        def target(c=c, child=child):
+            out = []
+            for i in range(calls):
+                if think_s:
+                    time.sleep(think_s)
+                out.append(call(route, 100 * c + i))
+            child.send(out)
+
+        procs.append(ctx.Process(target=target))
+        pipes.append(parent)
+    for p in procs:
+        p.start()
+    try:
+        results = []
+        for c, parent in enumerate(pipes):
+            assert parent.poll(60), "child %d did not answer" % c
+            results.append(parent.recv())
+        return results
+    finally:
+        for p in procs:
+            p.join(30)
+
+
 def test_children_asking_at_once_share_one_call_and_get_their_own_results(service):
     """Four forked children asking again and again: each gets the results of
     its own arguments, and the handler was called with several children's
@@ -158,25 +190,8 @@ def test_children_asking_at_once_share_one_call_and_get_their_own_results(servic
         return [10 * x for (x,) in requests]
 
     route = service.route(tenfold, linger=0.5)
-    ctx = multiprocessing.get_context("fork")
-    pipes, procs = [], []
-    for c in range(4):
-        parent, child = ctx.Pipe()
-
-        def target(c=c, child=child):
-            child.send([call(route, 100 * c + i) for i in range(40)])
-
-        procs.append(ctx.Process(target=target))
-        pipes.append(parent)
-    for p in procs:
-        p.start()
-    try:
-        for c, parent in enumerate(pipes):
-            assert parent.poll(60), "child %d did not answer" % c
-            assert parent.recv() == [10 * (100 * c + i) for i in range(40)]
-    finally:
-        for p in procs:
-            p.join(30)
+    got = _forked_callers(route, children=4, calls=40)
+    assert got == [[10 * (100 * c + i) for i in range(40)] for c in range(4)]
     assert sum(sizes) == 160
     assert max(sizes) > 1 and len(sizes) < 160, sizes
 
@@ -221,28 +236,7 @@ def _lingering_polls(ranks_here, monkeypatch):
             return [10 * x for (x,) in requests]
 
         route = service.route(tenfold_slowly, linger=0.5)
-        ctx = multiprocessing.get_context("fork")
-        pipes, procs = [], []
-        for c in range(2):
-            parent, child = ctx.Pipe()
-
-            def target(c=c, child=child):
-                out = []
-                for i in range(15):
-                    time.sleep(0.008)  # a chain's own work between two evaluations
-                    out.append(call(route, 100 * c + i))
-                child.send(out)
-
-            procs.append(ctx.Process(target=target))
-            pipes.append(parent)
-        for p in procs:
-            p.start()
-        results = []
-        for c, parent in enumerate(pipes):
-            assert parent.poll(60), "child %d did not answer" % c
-            results.append(parent.recv())
-        for p in procs:
-            p.join(30)
+        results = _forked_callers(route, children=2, calls=15, think_s=0.008)
         return len(polls), results
     finally:
         service.close()

@@ -137,7 +137,7 @@ def _rows_op(model):
     for v in ancestors(list(model.potentials)):
         if v.owner is not None and isinstance(v.owner.op, RowsLogp):
             op = v.owner.op
-            if getattr(op, "pointwise", None) is None or op.evaluator is None:
+            if op.pointwise is None or op.evaluator is None:
                 raise RuntimeError("synkhronos.pymc.loo runs in the process that called data_parallel, "
                                    "with its session open (this copy's terms %s are evaluated elsewhere)"
                                    % op.names)

@@ -42,13 +42,14 @@ class RanksLoo:
     def __init__(self, terms, term, check_bounds):
         import pytensor
         from pytensor.graph.replace import clone_replace
+        from pytensor.graph.traversal import graph_inputs
 
         from ._psis import PointwiseLoo
 
         self.name = terms.names[term]
         # On a copy: the checks are rewritten in place, and the copy's graph stays for other terms.
         (logp,) = parameter_checks(clone_replace([terms.logps[term]]), check_bounds)
-        read = {v for v in _ancestors(logp) if v.owner is None}
+        read = set(graph_inputs([logp]))
         self.params = [i for i, p in enumerate(terms.params) if p in read]
         self.data = [i for i, d in enumerate(terms.data) if d in read]
         self.rows = [r for r in terms.rows if r in read]
@@ -121,12 +122,6 @@ def _shared(shape, dtype, name):
 
     return pytensor.shared(np.zeros(tuple(1 if n is None else n for n in shape), dtype=dtype), name=name,
                            shape=shape)
-
-
-def _ancestors(var):
-    from pytensor.graph.traversal import ancestors
-
-    return ancestors([var])
 
 
 def _distribute(fns, name):

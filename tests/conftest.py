@@ -53,12 +53,11 @@ class _Parallel:
         """Test processes for ``-n auto``: one per core up to MAX_PARALLEL_MODULES.
         Most tests wait on their sessions' workers more than they compute (run one
         module at a time, the suite keeps one of two cores busy), so two modules at
-        once fit even on 2 cores.  None on one core, and none where GPUs
-        are visible: GPU tests take every GPU, so two at once would share them."""
-        from synkhronos._devices import visible_gpus
-
+        once fit even on 2 cores.  None on one core.  GPU modules share the GPUs
+        the same way: each session's JAX allocates as it goes (no preallocation),
+        and NCCL communicators of different sessions do not meet."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if cores < 2 or visible_gpus():
+        if cores < 2:
             return 0
         return min(cores, MAX_PARALLEL_MODULES)
 

@@ -224,11 +224,15 @@ def _await_ready(w, deadline):
     )
 
 
-def stop(workers, failed):
-    """Tell ``workers`` (rank -> handle) to exit and wait for the processes we
-    spawned.  ``failed``: the session broke, so a spawned worker still busy with a
-    command is killed at once; a busy rank of an MPI launch ends when it sees its
-    connection close (the launcher owns its process)."""
+def stop(workers, failed, meanwhile=None):
+    """Tell ``workers`` (rank -> handle) to exit, run ``meanwhile()`` and wait for
+    the processes we spawned.  ``failed``: the session broke, so a spawned worker
+    still busy with a command is killed at once; a busy rank of an MPI launch ends
+    when it sees its connection close (the launcher owns its process).
+
+    ``meanwhile`` is the master's share of leaving: NCCL's communicator destroy
+    waits for every rank's, so the master's must run while the workers leave, not
+    after (a worker then waited in its own until ``EXIT_TIMEOUT`` killed it)."""
     for w in workers.values():
         if failed and w.busy and w.process is not None:
             w.process.kill()
@@ -237,6 +241,8 @@ def stop(workers, failed):
             w.channel.send(wire(Exit(failed)))
         except OSError:
             pass
+    if meanwhile is not None:
+        meanwhile()
     deadline = time.monotonic() + EXIT_TIMEOUT
     for w in workers.values():
         if w.process is not None:

@@ -375,13 +375,12 @@ class Runtime:
         with _sigint_deferred():
             self.service.close()
             self.reduce_pool.close()
-            launch.stop(self.workers, failed)
+            launch.stop(self.workers, failed, meanwhile=lambda: self.device.close(abort=failed))
             for data in self.registry.datas:
                 data._release()
             self.registry.clear_datas()
             self.exchange.close()
             self.cache.clear()
-            self.device.close(abort=failed)
             shared_memory.unlink_session(self.token)
             if self.tmpdir is not None:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -112,6 +112,25 @@ def test_close_stops_workers_and_unlinks_segments(fresh):
     assert not [m for m in _shm_maps(os.getpid()) if "synk_%s_" % token in m]
 
 
+def test_close_lets_go_of_the_device_while_workers_leave(fresh, monkeypatch):
+    """The master's device is released after the workers are told to exit and
+    before close() waits for them: NCCL's communicator destroy waits for every
+    rank's, so the other order kept each GPU worker until the exit timeout."""
+    _build_session()
+    rt = runtime.current()
+    processes = [w.process for w in rt.workers.values()]
+    told = []
+    monkeypatch.setattr(rt.device, "close", lambda abort=False: told.append(
+        [w.process.returncode for w in rt.workers.values()] + [abort]))
+    sent = []
+    for w in rt.workers.values():
+        monkeypatch.setattr(w.channel, "send", lambda msg, send=w.channel.send: sent.append(msg) or send(msg))
+    synk.close()
+    assert len(sent) == len(processes)  # every worker told to exit before
+    assert told == [[None] * len(processes) + [False]]  # no worker waited for yet
+    assert [p.returncode for p in processes] == [0] * len(processes)
+
+
 def test_close_is_idempotent(fresh):
     synk.close()  # nothing open: fine
     _build_session()

@@ -20,10 +20,13 @@ from synkhronos._session.worker import FAULT_ENV
 
 F32 = "float32"
 TIMEOUT = 20.0  # fork(timeout=...): enough for NCCL to start and JAX to compile here
+STALL_S = 3.0  # the stall tests' timeout once that is done
 REPORT_S = 15.0  # the master reports and closes within this after the fault
 
 
-def _session(monkeypatch, fault=None, timeout=TIMEOUT):
+def _session(monkeypatch, fault=None, timeout=TIMEOUT, stall=None):
+    """A 2-rank session with fault ``fault`` injected, its function compiled and
+    called once; ``stall``: the session's timeout from then on."""
     if fault:
         monkeypatch.setenv(FAULT_ENV, fault)
     synk.fork(2, use_gpu=True, timeout=timeout)
@@ -34,7 +37,10 @@ def _session(monkeypatch, fault=None, timeout=TIMEOUT):
     synk.distribute()
     d = synk.data(np.arange(8, dtype=F32))
     assert float(f(d)) == 28 + 2 * (1 << 20)
-    return runtime.current(), s, f, d
+    rt = runtime.current()
+    if stall is not None:
+        rt.dispatcher.timeout = stall
+    return rt, s, f, d
 
 
 def _new_session_works():
@@ -60,13 +66,13 @@ def test_stuck_worker_in_a_collective_is_a_stall(fresh, monkeypatch):
     """Rank 1 never joins the all-reduce; the master, which queued its part,
     reports a StallError naming the collective, and the NCCL communicators are
     aborted rather than left waiting."""
-    rt, s, _, _ = _session(monkeypatch, "1:collective:1:hang")
+    rt, s, _, _ = _session(monkeypatch, "1:collective:1:hang", stall=STALL_S)
     left = Leftovers(rt)
     t0 = time.monotonic()
     with pytest.raises(synk.StallError) as info:
         synk.all_reduce(s)
         synk.synchronize()  # the all-reduce only queued: wait for it
-    assert time.monotonic() - t0 < TIMEOUT + REPORT_S
+    assert time.monotonic() - t0 < STALL_S + REPORT_S
     err = info.value
     assert err.ranks == [1] and err.command == "all_reduce"
     assert "in before" in err.stacks[1]
@@ -77,7 +83,7 @@ def test_stuck_worker_in_a_collective_is_a_stall(fresh, monkeypatch):
 def test_stuck_worker_in_a_call_is_a_stall(fresh, monkeypatch):
     """The call's outputs are reduced over NCCL into the master: rank 1 hangs
     before its share, so the master's reduction waits on its GPU."""
-    rt, _, f, d = _session(monkeypatch, "1:call:2:hang")
+    rt, _, f, d = _session(monkeypatch, "1:call:2:hang", stall=STALL_S)
     left = Leftovers(rt)
     with pytest.raises(synk.StallError) as info:
         f(d)

@@ -15,6 +15,7 @@ from test_random import check_rank_streams
 from test_seed_examples import INTRO, SHARED
 
 import synkhronos as synk
+from synkhronos._session import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -161,10 +162,22 @@ def test_failed_share_in_the_master_still_takes_part_in_the_reduction(gpu2):
 
 
 def test_close_leaves_nothing():
+    """And the workers leave on their own, at once: NCCL's communicator destroy
+    waits for every rank's, so the master's runs while they leave (run after
+    them, each worker waited in its own until close killed it, 5 s later)."""
     synk.fork(2, use_gpu=True)
     rt = synk._session.runtime.current()
-    token, pids = rt.token, [w.process.pid for w in rt.workers.values()]
+    a = pytensor.shared(np.arange(4, dtype="float32"), name="a")
+    synk.function([], a.sum())
+    synk.distribute()
+    synk.all_reduce(a)  # the communicator in use
+    synk.synchronize()
+    token, processes = rt.token, [w.process for w in rt.workers.values()]
+    pids = [p.pid for p in processes]
+    t0 = time.monotonic()
     synk.close()
+    assert time.monotonic() - t0 < launch.EXIT_TIMEOUT / 2
+    assert [p.returncode for p in processes] == [0] * len(processes)  # not killed
     time.sleep(0.2)
     assert not segments(token)
     for pid in pids:

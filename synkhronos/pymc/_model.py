@@ -26,8 +26,9 @@ Their helpers on graphs, which know nothing of PyMC, are
 ``loo(idata, copy)`` (``_loo``) builds on a copy: the Op keeps each term's
 per-row log-density in the ranks' inputs (``_pointwise``), from which
 ``_loo_ranks`` makes two functions of the ranks, the rows' log-likelihood at
-every draw and ArviZ's PSIS of each row (``_psis``); ``_elpd`` puts the rows'
-values in ArviZ's ELPD object in this process.
+every draw and ArviZ's PSIS of each row (``_psis``, a whole block at once in
+``_psis_block``); ``_elpd`` puts the rows' values in ArviZ's ELPD object in
+this process.
 """
 
 import logging

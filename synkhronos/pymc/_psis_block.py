@@ -1,0 +1,126 @@
+"""Pareto-smoothed importance sampling of many rows at once, in numpy: the same
+numbers as ArviZ 0.x's ``psislw`` (Vehtari, Gelman and Gabry's PSIS, with Zhang
+and Stephens' fit of the generalized Pareto tail), which smooths one row at a
+time in Python (about 120 us a row at 1,000 draws, nearly all of ``loo``'s time).
+
+Every row of a block has the same tail length (it depends on the draws and the
+relative efficiency only), so the sort, the tail's fit over its grid of
+candidate scales, and the smoothed tail are computed as arrays over the rows.
+A row whose tail is not that length (ties at the cutoff, or a cutoff below the
+smallest positive float), or whose fit gives no finite shape, is left to
+ArviZ's own function: those rows are rare, and their rules are ArviZ's.
+"""
+
+import numpy as np
+
+__all__ = ["tail_length", "smoothed_loo"]
+
+_PRIOR_BS = 3  # the fit's scale of the prior on its grid (Zhang and Stephens)
+_PRIOR_K = 10  # weight of the prior shape 1/2, in draws
+_GRID_CHUNK = 1 << 22  # values of the fit's rows x grid x tail held at once
+
+
+def tail_length(n_draws, reff):
+    """The draws in each row's smoothed tail: ``ceil(min(S/5, 3 sqrt(S/reff)))``."""
+    return int(np.ceil(min(n_draws / 5.0, 3 * (n_draws / reff) ** 0.5)))
+
+
+def smoothed_loo(loglik, reff, fallback):
+    """``(elpd_i, p_loo_i, k_i)`` of each row of ``loglik`` (rows x draws).
+
+    ``fallback(rows)`` gives the same three for the rows (a rows x draws array)
+    that are not smoothed here; it is ArviZ's per-row PSIS."""
+    loglik = np.asarray(loglik, dtype=np.float64)
+    n_rows, n_draws = loglik.shape
+    elpd, p_loo, k = (np.empty(n_rows) for _ in range(3))
+    tail = tail_length(n_draws, reff)
+    done = np.zeros(n_rows, dtype=bool)
+    if tail > 4:
+        done = _smooth_regular(loglik, tail, elpd, k)
+    lppd = _logsumexp(loglik) - np.log(n_draws)
+    p_loo[done] = lppd[done] - elpd[done]
+    rest = np.flatnonzero(~done)
+    if rest.size:
+        elpd[rest], p_loo[rest], k[rest] = fallback(loglik[rest])
+    return elpd, p_loo, k
+
+
+def _smooth_regular(loglik, tail, elpd, k):
+    """Fill ``elpd`` and ``k`` for the rows whose tail is ``tail`` draws long and
+    fits; return which rows those are.
+
+    Only the tail is sorted (the largest ``tail + 1`` ratios, found in linear
+    time).  A body draw keeps its ratio ``x = -loglik - max``, so its weight
+    times its likelihood is ``exp(-max)`` for every body draw: the body enters
+    ``elpd`` as a count, and the normaliser as one sum."""
+    n_rows, n_draws = loglik.shape
+    x = -loglik
+    top = x.max(axis=1)
+    x -= top[:, None]
+    cut = n_draws - tail - 1
+    part = np.argpartition(x, cut, axis=1)[:, cut:]
+    ends = np.sort(np.take_along_axis(x, part, axis=1), axis=1)  # the cutoff, then the tail ascending
+    cutoff, tails = ends[:, 0], ends[:, 1:]
+    regular = np.isfinite(top) & (cutoff >= np.log(np.finfo(float).tiny)) & (tails[:, 0] > cutoff)
+    rows = np.flatnonzero(regular)
+    if rows.size:
+        exp_cut = np.exp(cutoff[rows])
+        shape, scale = _fit_tail(np.exp(tails[rows]) - exp_cut[:, None])
+        fits = np.isfinite(shape) & np.isfinite(scale) & (scale > 0)
+        rows, shape, scale, exp_cut = rows[fits], shape[fits], scale[fits], exp_cut[fits]
+    done = np.zeros(n_rows, dtype=bool)
+    if not rows.size:
+        return done
+    quantiles = np.arange(0.5, tail) / tail
+    smoothed = np.log(_tail_values(quantiles, shape, scale) + exp_cut[:, None])
+    np.minimum(smoothed, 0.0, out=smoothed)  # no smoothed weight above the largest raw one
+    xr = x[rows]
+    body = np.where(xr <= cutoff[rows, None], np.exp(xr), 0.0).sum(axis=1)
+    norm = np.log(body + np.exp(smoothed).sum(axis=1))
+    # The tail's draws in ascending order have log-likelihood -(ratio + max).
+    body_term = np.log(n_draws - tail) - top[rows, None]
+    terms = np.concatenate([body_term, smoothed - tails[rows] - top[rows, None]], axis=1)
+    elpd[rows] = _logsumexp(terms) - norm
+    k[rows] = shape
+    done[rows] = True
+    return done
+
+
+def _fit_tail(excess):
+    """Zhang and Stephens' estimate of the generalized Pareto shape and scale of
+    each row of ``excess`` (ascending, positive), with the prior on the shape
+    that PSIS adds; rows x tail in, two row vectors out."""
+    n_rows, n = excess.shape
+    m = 30 + int(n ** 0.5)
+    grid = 1 - np.sqrt(m / (np.arange(1, m + 1, dtype=float) - 0.5))
+    quartile = excess[:, int(n / 4 + 0.5) - 1]
+    b = grid[None, :] / (_PRIOR_BS * quartile[:, None]) + 1 / excess[:, -1:]
+    with np.errstate(all="ignore"):
+        shapes = np.empty_like(b)
+        step = max(1, _GRID_CHUNK // (m * n))
+        for lo in range(0, n_rows, step):  # rows x grid x tail at once, in bounded chunks
+            sl = slice(lo, lo + step)
+            shapes[sl] = np.log1p(-b[sl, :, None] * excess[sl, None, :]).mean(axis=2)
+        profile = n * (np.log(-(b / shapes)) - shapes - 1)
+        weights = 1 / np.exp(profile[:, None, :] - profile[:, :, None]).sum(axis=2)
+        weights = np.where(weights >= 10 * np.finfo(float).eps, weights, 0.0)
+        b_post = (b * weights).sum(axis=1) / weights.sum(axis=1)
+        shape = np.log1p(-b_post[:, None] * excess).mean(axis=1)
+        scale = -shape / b_post
+    return (n * shape + _PRIOR_K * 0.5) / (n + _PRIOR_K), scale
+
+
+def _tail_values(quantiles, shape, scale):
+    """The generalized Pareto quantiles ``quantiles`` of each row's shape and scale."""
+    tiny = np.abs(shape) < np.finfo(float).eps
+    safe = np.where(tiny, 1.0, shape)
+    general = np.expm1(-safe[:, None] * np.log1p(-quantiles)[None, :]) / safe[:, None]
+    values = np.where(tiny[:, None], -np.log1p(-quantiles)[None, :], general)
+    return values * scale[:, None]
+
+
+def _logsumexp(a):
+    """Log-sum-exp of each row of ``a``."""
+    top = a.max(axis=1)
+    top = np.where(np.isfinite(top), top, 0.0)
+    return top + np.log(np.exp(a - top[:, None]).sum(axis=1))

@@ -1,0 +1,83 @@
+"""PSIS of a block of rows at once (``synkhronos.pymc._psis_block``) against
+ArviZ 0.x's ``psislw`` one row at a time, as ``az.loo`` computes each row's
+``elpd_loo``, ``p_loo`` and Pareto k: blocks of well-behaved, heavy-tailed,
+constant and tied rows, at draw counts around the tail's length rules."""
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("pymc")  # synkhronos.pymc needs it
+arviz = pytest.importorskip("arviz")
+if int(arviz.__version__.split(".")[0]) != 0:
+    pytest.skip("the block PSIS stands in for ArviZ 0.x only", allow_module_level=True)
+
+from synkhronos.pymc._psis import arviz_rows  # noqa: E402
+from synkhronos.pymc._psis_block import smoothed_loo, tail_length  # noqa: E402
+
+KINDS = ("normal", "heavy", "constant", "tied", "two values", "wide")
+
+
+def _row(rng, kind, n_draws):
+    if kind == "normal":
+        return rng.normal(-1, rng.uniform(0.01, 2), n_draws)
+    if kind == "heavy":
+        return -np.abs(rng.standard_t(rng.uniform(0.5, 3), n_draws)) * rng.uniform(0.1, 5)
+    if kind == "constant":
+        return np.full(n_draws, -rng.uniform(0, 3))
+    if kind == "tied":  # repeated draws: ties at and around the tail's cutoff
+        return rng.choice(rng.normal(-1, 1, max(2, n_draws // 20)), n_draws)
+    if kind == "two values":
+        return np.where(rng.random(n_draws) < 0.5, -0.1, -7.0)
+    return rng.normal(-50, 40, n_draws)  # ratios spanning far more than a float's range
+
+
+def _arviz(rows, reff):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return arviz_rows(rows, reff)
+
+
+def _assert_same(got, want):
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, dtype=float), np.asarray(w, dtype=float)
+        assert np.array_equal(np.isnan(g), np.isnan(w)) and np.array_equal(np.isinf(g), np.isinf(w))
+        fin = np.isfinite(w)
+        np.testing.assert_allclose(g[fin], w[fin], rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_draws=st.sampled_from([20, 24, 25, 26, 100, 400, 1000, 2000]),
+       reff=st.sampled_from([0.3, 0.7, 1.0, 1.6]),
+       kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=12))
+def test_equals_arviz_row_by_row(seed, n_draws, reff, kinds):
+    rng = np.random.default_rng(seed)
+    rows = np.stack([_row(rng, kind, n_draws) for kind in kinds])
+    with np.errstate(all="ignore"):
+        got = smoothed_loo(rows, reff, lambda left: _arviz(left, reff))
+    _assert_same(got, _arviz(rows, reff))
+
+
+def test_odd_rows_go_to_arviz_and_the_rest_do_not():
+    """Constant rows (no tail) and ties at the cutoff are ArviZ's to smooth; a
+    well-behaved row is smoothed in the block."""
+    rng = np.random.default_rng(3)
+    n_draws = 1000
+    cut = n_draws - tail_length(n_draws, 1.0) - 1
+    tied = rng.normal(-1, 1, n_draws)
+    order = np.argsort(-tied)  # ratios ascending
+    tied[order[cut + 1]] = tied[order[cut]]  # the first tail draw equals the cutoff
+    rows = np.stack([rng.normal(-1, 1, n_draws), np.full(n_draws, -2.0), tied])
+    left = []
+
+    def fallback(r):
+        left.append(r.copy())
+        return _arviz(r, 1.0)
+
+    got = smoothed_loo(rows, 1.0, fallback)
+    assert len(left) == 1 and left[0].shape == (2, n_draws)
+    np.testing.assert_array_equal(left[0], rows[1:])
+    _assert_same(got, _arviz(rows, 1.0))

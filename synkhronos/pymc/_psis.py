@@ -11,10 +11,11 @@ installed, so that they equal ``az.loo``'s.
 - ArviZ 0.x: ``az.psislw`` of the negated log-likelihood, then each row's
   log-sum-exp of the smoothed weights plus its log-likelihood (``elpd_loo``),
   and of its log-likelihood over the draws (``lppd``), as ``az.loo`` does;
-  computed for the whole block at once by ``_psis_block`` (the same numbers,
-  2-4 times as fast as ArviZ row by row), which leaves its odd rows to ArviZ;
-- ArviZ 1.x: ``arviz_stats``' array ``loo``, which ``az.loo`` runs per row
-  (its tail rules differ from 0.x's, so ``_psis_block`` does not stand in).
+- ArviZ 1.x: ``arviz_stats``' array ``loo``, which ``az.loo`` runs per row.
+
+Both are computed for the whole block at once by ``_psis_block`` under the
+installed ArviZ's rules (the same numbers, several times as fast as ArviZ row
+by row), which leaves its odd rows to ArviZ's own function.
 
 The Op runs numpy, in Python: ``perform`` under PyTensor's Python linker (CPU
 ranks, see ``_loo_ranks``), and on GPU ranks, which compile with JAX only, a
@@ -31,7 +32,7 @@ from pytensor.graph.op import Op
 
 from ._psis_block import smoothed_loo
 
-__all__ = ["PointwiseLoo", "arviz_major", "arviz_rows", "pointwise_loo"]
+__all__ = ["PointwiseLoo", "arviz_major", "arviz_rows", "arviz_stats_rows", "pointwise_loo"]
 
 
 def arviz_major():
@@ -54,13 +55,11 @@ def pointwise_loo(loglik, reff, chains):
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         # ArviZ warns of poor fits per row; loo warns once, in the master, from every k.
         warnings.simplefilter("ignore")
-        if arviz_major() == 0:
-            elpd, p, k = smoothed_loo(rows, reff, lambda left: arviz_rows(left, reff))
+        major = min(arviz_major(), 1)
+        if major == 0:
+            elpd, p, k = smoothed_loo(rows, reff, lambda left: arviz_rows(left, reff), rules=0)
         else:
-            from arviz_stats.base import array_stats
-
-            by_chain = rows.reshape(rows.shape[0], int(chains), n_samples // int(chains))
-            elpd, k, p = array_stats.loo(by_chain, chain_axis=-2, draw_axis=-1, r_eff=reff)
+            elpd, p, k = smoothed_loo(rows, reff, lambda left: arviz_stats_rows(left, reff, chains), rules=1)
     return tuple(np.asarray(x, dtype=loglik.dtype).reshape(shape) for x in (elpd, p, k))
 
 
@@ -77,6 +76,17 @@ def arviz_rows(rows, reff):
     log_weights += rows
     elpd = logsumexp(log_weights, axis=-1)
     return elpd, logsumexp(rows, b_inv=rows.shape[-1], axis=-1) - elpd, k
+
+
+def arviz_stats_rows(rows, reff, chains):
+    """The same as ``arviz_rows`` by ArviZ 1.x (``arviz_stats``' array ``loo``,
+    which ``az.loo`` runs per row), the draws of ``chains`` chains one chain
+    after another."""
+    from arviz_stats.base import array_stats
+
+    by_chain = rows.reshape(rows.shape[0], int(chains), rows.shape[1] // int(chains))
+    elpd, k, p = array_stats.loo(by_chain, chain_axis=-2, draw_axis=-1, r_eff=reff)
+    return elpd, p, k
 
 
 class PointwiseLoo(Op):

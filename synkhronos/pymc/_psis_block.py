@@ -1,42 +1,58 @@
 """Pareto-smoothed importance sampling of many rows at once, in numpy: the same
-numbers as ArviZ 0.x's ``psislw`` (Vehtari, Gelman and Gabry's PSIS, with Zhang
-and Stephens' fit of the generalized Pareto tail), which smooths one row at a
-time in Python (about 120 us a row at 1,000 draws, nearly all of ``loo``'s time).
+numbers as ArviZ's own PSIS (Vehtari, Gelman and Gabry's, with Zhang and
+Stephens' fit of the generalized Pareto tail), which smooths one row at a time
+in Python (120-400 us a row at 1,000 draws, nearly all of ``loo``'s time).
+
+ArviZ 0.x (``az.psislw``) and 1.x (``arviz_stats``) differ in their rules:
+the tail's length (``ceil(min(S/5, 3 sqrt(S/reff)))`` against
+``floor(3 sqrt(S/reff))``, or ``floor(S/5)`` for ``S reff <= 225``), and 1.x
+gives no fit where the tail's first quartile is its minimum.  ``RULES`` holds
+both; the caller names the installed one.
 
 Every row of a block has the same tail length (it depends on the draws and the
 relative efficiency only), so the sort, the tail's fit over its grid of
 candidate scales, and the smoothed tail are computed as arrays over the rows.
-A row whose tail is not that length (ties at the cutoff, or a cutoff below the
+A row whose tail is not cut off cleanly (ties at the cutoff, a cutoff below the
 smallest positive float), or whose fit gives no finite shape, is left to
 ArviZ's own function: those rows are rare, and their rules are ArviZ's.
 """
 
+import math
+
 import numpy as np
 
-__all__ = ["tail_length", "smoothed_loo"]
+__all__ = ["RULES", "tail_length", "smoothed_loo"]
 
 _PRIOR_BS = 3  # the fit's scale of the prior on its grid (Zhang and Stephens)
 _PRIOR_K = 10  # weight of the prior shape 1/2, in draws
 _GRID_CHUNK = 1 << 22  # values of the fit's rows x grid x tail held at once
+RULES = (0, 1)  # ArviZ's major versions
 
 
-def tail_length(n_draws, reff):
-    """The draws in each row's smoothed tail: ``ceil(min(S/5, 3 sqrt(S/reff)))``."""
-    return int(np.ceil(min(n_draws / 5.0, 3 * (n_draws / reff) ** 0.5)))
+def tail_length(n_draws, reff, rules=0):
+    """The draws in each row's smoothed tail under ArviZ ``rules`` (0 or 1)."""
+    if rules == 0:
+        return int(math.ceil(min(n_draws / 5.0, 3 * (n_draws / reff) ** 0.5)))
+    if n_draws * reff > 225:
+        return int(math.floor(3 * (n_draws / reff) ** 0.5))
+    return int(math.floor(n_draws / 5))
 
 
-def smoothed_loo(loglik, reff, fallback):
-    """``(elpd_i, p_loo_i, k_i)`` of each row of ``loglik`` (rows x draws).
+def smoothed_loo(loglik, reff, fallback, rules=0):
+    """``(elpd_i, p_loo_i, k_i)`` of each row of ``loglik`` (rows x draws), as
+    ArviZ ``rules`` (0 or 1, its major version) computes them.
 
     ``fallback(rows)`` gives the same three for the rows (a rows x draws array)
     that are not smoothed here; it is ArviZ's per-row PSIS."""
+    if rules not in RULES:
+        raise ValueError("rules must be one of %s, got %r" % (RULES, rules))
     loglik = np.asarray(loglik, dtype=np.float64)
     n_rows, n_draws = loglik.shape
     elpd, p_loo, k = (np.empty(n_rows) for _ in range(3))
-    tail = tail_length(n_draws, reff)
+    tail = tail_length(n_draws, reff, rules)
     done = np.zeros(n_rows, dtype=bool)
-    if tail > 4:
-        done = _smooth_regular(loglik, tail, elpd, k)
+    if 4 < tail < n_draws:
+        done = _smooth_regular(loglik, tail, elpd, k, rules)
     lppd = _logsumexp(loglik) - np.log(n_draws)
     p_loo[done] = lppd[done] - elpd[done]
     rest = np.flatnonzero(~done)
@@ -45,7 +61,7 @@ def smoothed_loo(loglik, reff, fallback):
     return elpd, p_loo, k
 
 
-def _smooth_regular(loglik, tail, elpd, k):
+def _smooth_regular(loglik, tail, elpd, k, rules):
     """Fill ``elpd`` and ``k`` for the rows whose tail is ``tail`` draws long and
     fits; return which rows those are.
 
@@ -65,8 +81,11 @@ def _smooth_regular(loglik, tail, elpd, k):
     rows = np.flatnonzero(regular)
     if rows.size:
         exp_cut = np.exp(cutoff[rows])
-        shape, scale = _fit_tail(np.exp(tails[rows]) - exp_cut[:, None])
+        excess = np.exp(tails[rows]) - exp_cut[:, None]
+        shape, scale = _fit_tail(excess)
         fits = np.isfinite(shape) & np.isfinite(scale) & (scale > 0)
+        if rules == 1:  # no fit where the first quartile is the minimum
+            fits &= excess[:, int(tail / 4 + 0.5) - 1] > excess[:, 0]
         rows, shape, scale, exp_cut = rows[fits], shape[fits], scale[fits], exp_cut[fits]
     done = np.zeros(n_rows, dtype=bool)
     if not rows.size:

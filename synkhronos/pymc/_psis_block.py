@@ -62,23 +62,16 @@ def smoothed_loo(loglik, reff, fallback, rules=0):
 
 
 def _smooth_regular(loglik, tail, elpd, k, rules):
-    """Fill ``elpd`` and ``k`` for the rows whose tail is ``tail`` draws long and
-    fits; return which rows those are.
+    """Fill ``elpd`` and ``k`` for the rows whose tail is cut off cleanly
+    (``tail`` draws above the cutoff) and fits; return which rows those are.
 
-    Only the tail is sorted (the largest ``tail + 1`` ratios, found in linear
-    time).  A body draw keeps its ratio ``x = -loglik - max``, so its weight
-    times its likelihood is ``exp(-max)`` for every body draw: the body enters
-    ``elpd`` as a count, and the normaliser as one sum."""
+    A body draw keeps its ratio ``x = -loglik - max``, so its weight times its
+    likelihood is ``exp(-max)`` for every body draw: the body enters ``elpd``
+    as a count, and the normaliser as one sum."""
     n_rows, n_draws = loglik.shape
-    x = -loglik
-    top = x.max(axis=1)
-    x -= top[:, None]
-    cut = n_draws - tail - 1
-    part = np.argpartition(x, cut, axis=1)[:, cut:]
-    ends = np.sort(np.take_along_axis(x, part, axis=1), axis=1)  # the cutoff, then the tail ascending
-    cutoff, tails = ends[:, 0], ends[:, 1:]
-    regular = np.isfinite(top) & (cutoff >= np.log(np.finfo(float).tiny)) & (tails[:, 0] > cutoff)
-    rows = np.flatnonzero(regular)
+    x, top, cutoff, tails = _tails(loglik, tail)
+    clean = np.isfinite(top) & (cutoff >= np.log(np.finfo(float).tiny)) & (tails[:, 0] > cutoff)
+    rows = np.flatnonzero(clean)
     if rows.size:
         exp_cut = np.exp(cutoff[rows])
         excess = np.exp(tails[rows]) - exp_cut[:, None]
@@ -103,6 +96,19 @@ def _smooth_regular(loglik, tail, elpd, k, rules):
     k[rows] = shape
     done[rows] = True
     return done
+
+
+def _tails(loglik, tail):
+    """Each row's log importance ratios ``x`` (less their maximum ``top``), the
+    ratio below its tail (``cutoff``) and its ``tail`` largest, ascending: found
+    in linear time (``argpartition``), only they sorted."""
+    x = -loglik
+    top = x.max(axis=1)
+    x -= top[:, None]
+    cut = x.shape[1] - tail - 1
+    part = np.argpartition(x, cut, axis=1)[:, cut:]
+    ends = np.sort(np.take_along_axis(x, part, axis=1), axis=1)
+    return x, top, ends[:, 0], ends[:, 1:]
 
 
 def _fit_tail(excess):

@@ -55,8 +55,7 @@ def pointwise_loo(loglik, reff, chains):
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         # ArviZ warns of poor fits per row; loo warns once, in the master, from every k.
         warnings.simplefilter("ignore")
-        major = min(arviz_major(), 1)
-        if major == 0:
+        if arviz_major() == 0:
             elpd, p, k = smoothed_loo(rows, reff, lambda left: arviz_rows(left, reff), rules=0)
         else:
             elpd, p, k = smoothed_loo(rows, reff, lambda left: arviz_stats_rows(left, reff, chains), rules=1)

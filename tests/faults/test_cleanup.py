@@ -119,16 +119,16 @@ def test_close_lets_go_of_the_device_while_workers_leave(fresh, monkeypatch):
     _build_session()
     rt = runtime.current()
     processes = [w.process for w in rt.workers.values()]
-    told = []
-    monkeypatch.setattr(rt.device, "close", lambda abort=False: told.append(
-        [w.process.returncode for w in rt.workers.values()] + [abort]))
-    sent = []
+    sent, told = [], []
     for w in rt.workers.values():
         monkeypatch.setattr(w.channel, "send", lambda msg, send=w.channel.send: sent.append(msg) or send(msg))
+    monkeypatch.setattr(rt.device, "close", lambda abort=False: told.append(
+        (len(sent), [w.process.returncode for w in rt.workers.values()], abort)))
     synk.close()
-    assert len(sent) == len(processes)  # every worker told to exit before
-    assert told == [[None] * len(processes) + [False]]  # no worker waited for yet
-    assert [p.returncode for p in processes] == [0] * len(processes)
+    n = len(processes)
+    # At the device's close: every worker told to exit, none waited for yet.
+    assert told == [(n, [None] * n, False)]
+    assert len(sent) == n and [p.returncode for p in processes] == [0] * n
 
 
 def test_close_is_idempotent(fresh):

@@ -193,11 +193,12 @@ def mpirun_path():
     return found or (beside if os.path.exists(beside) else None)
 
 
-def mpirun_host_per_rank(n, cmd, options=()):
+def mpirun_host_per_rank(n, cmd, options=(), ranks_per_host=1):
     """``(command, environment)`` that run ``cmd`` on ``n`` MPI ranks, every rank
-    its own host for Synkhronos (``SYNKHRONOS_HOST_PER_RANK=1``), Open MPI
+    its own host for Synkhronos (``SYNKHRONOS_HOST_PER_RANK=1``), or every
+    ``ranks_per_host`` ranks one host (``SYNKHRONOS_RANKS_PER_HOST``), Open MPI
     allowed to run as root."""
-    env = dict(os.environ, SYNKHRONOS_HOST_PER_RANK="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+    env = dict(os.environ, SYNKHRONOS_RANKS_PER_HOST=str(ranks_per_host), OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return [mpirun_path(), "-n", str(n), "--oversubscribe", *options] + list(cmd), env
 

@@ -30,18 +30,21 @@ __all__ = ["copy_per_eval", "kernel_on_off", "likelihood_rows", "sizes_since"]
 
 def likelihood_rows(args):
     """PyMC against the copy per evaluation, for every model, row count and rank
-    count of ``args``; the copy's logp is checked against PyMC's."""
+    count of ``args``; the copy's logp is checked against PyMC's.  Each record
+    also gives the copy's time over its time on the first rank count."""
     import synkhronos as synk
     from synkhronos.pymc import data_parallel
 
+    plain_evals = args.evals if args.plain_evals is None else args.plain_evals
     records = []
     for kind in args.models:
         for rows in args.rows:
             model = build(kind, rows, args.features)
             base_fn, q = evaluator(model)
             logp_ref = base_fn(q)[0]
+            first = None
             for n in args.ranks:
-                base = per_eval_ms(base_fn, q, args.evals)
+                base = per_eval_ms(base_fn, q, plain_evals) if plain_evals else None
                 synk.fork(n, use_gpu=args.gpu)
                 try:
                     fn, q2 = evaluator(data_parallel(model, batch=args.batch))
@@ -51,12 +54,14 @@ def likelihood_rows(args):
                     synk_ms = per_eval_ms(fn, q, args.evals)
                 finally:
                     synk.close()
-                base_after = per_eval_ms(base_fn, q, args.evals)
-                pymc_ms = (base + base_after) / 2
+                first = first or synk_ms
+                pymc_ms = (base + per_eval_ms(base_fn, q, plain_evals)) / 2 if plain_evals else None
                 records.append(dict(model=kind, rows=rows, ranks=n, pymc_ms=pymc_ms, synk_ms=synk_ms,
-                                    speedup=pymc_ms / synk_ms, logp_rel_err=abs(logp / logp_ref - 1)))
-                print("  %s, %d rows, %d ranks: PyMC %.2f ms, Synkhronos %.2f ms (%.2fx)"
-                      % (kind, rows, n, pymc_ms, synk_ms, pymc_ms / synk_ms), flush=True)
+                                    speedup=pymc_ms and pymc_ms / synk_ms, of_one_rank=synk_ms / first,
+                                    first_ranks=args.ranks[0], logp_rel_err=abs(logp / logp_ref - 1)))
+                print("  %s, %d rows, %d ranks: PyMC %s ms, Synkhronos %.2f ms (%.2f of %d rank(s)'s)"
+                      % (kind, rows, n, "%.2f" % pymc_ms if pymc_ms else "(not timed)", synk_ms,
+                         synk_ms / first, args.ranks[0]), flush=True)
     return records
 
 

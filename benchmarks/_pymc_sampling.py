@@ -8,7 +8,9 @@
 - with ``--gpu``: ``pm.sample(nuts_sampler="numpyro")`` on the plain model, with
   PyMC's chain_method and with ``chain_method="vectorized"``, each in a process
   of its own (``numpyro_child``: its JAX does not share the session's).  The
-  copy refuses JAX samplers.
+  copy refuses JAX samplers.  Part ``numpyro-sharded``: the model in numpyro
+  by hand, rows sharded over the copy's GPUs (``_numpyro_sharded``), the peer
+  on several GPUs.
 
 In the same session, with the part ``jax-eval``, the copy per evaluation
 (``_pymc_per_eval``) against the hand-written JAX of ``_pymc_jax``.  Each row
@@ -36,6 +38,9 @@ __all__ = ["numpyro_child", "sampling"]
 # The children run the benchmark's own command line with a hidden option
 # (--_numpyro, --_jax), so that they read the options as this process did.
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pymc_likelihood.py")
+
+#: The numpyro runs of the plain model, the fairest peer on several GPUs last.
+NUMPYRO = ("numpyro", "numpyro vectorized", "numpyro sharded")
 
 #: What the copy's runs hand on: seconds and posteriors per sampler, the batcher's
 #: {points per run: runs} per sampler, the per-evaluation timings (or None), and
@@ -71,7 +76,7 @@ def _parts(args):
         print("  (nutpie is not installed: its rows are skipped)")
         parts.discard("nutpie")
     if not args.gpu:
-        parts -= {"numpyro", "numpyro-vectorized"}  # the numpyro rows are the GPU's baseline
+        parts -= {"numpyro", "numpyro-vectorized", "numpyro-sharded"}  # the GPU's baselines
     if "jax-eval" in parts and not _importable("jax"):
         print("  (jax is not installed: the per-evaluation comparison with JAX is skipped)")
         parts.discard("jax-eval")
@@ -104,9 +109,10 @@ def _plain_runs(args, kind, model, parts):
     plain = {}
     methods = [("default", "numpyro")] * ("numpyro" in parts)
     methods += [("vectorized", "numpyro vectorized")] * bool(parts & {"numpyro", "numpyro-vectorized"})
+    methods += [("sharded", "numpyro sharded")] * ("numpyro-sharded" in parts)
     for method, label in methods:
         res = _run_child(args, kind, "--_numpyro", method)
-        plain[label] = (res["seconds"], res["summary"], res["steps"])
+        plain[label] = (res["seconds"], res["summary"], res["steps"], res["devices"])
         print("  %s on %s (x64 %s, %s): %.1f s" % (label, ", ".join(res["devices"]), res["x64"],
                                                 res["dtype"], res["seconds"]), flush=True)
     plain_cpu = args.plain_cpu or not args.gpu  # on a GPU host the CPU samplers take hours at 10^7 rows
@@ -209,10 +215,13 @@ def numpyro_child(args):
 def _run_child(args, kind, *flags):
     """Run the benchmark in a process of its own for ``kind`` (``--_numpyro`` or
     ``--_jax``): the JSON it prints."""
-    cmd = [sys.executable, SCRIPT, *flags, "--models", kind,
+    cmd = [sys.executable, SCRIPT, *flags, "--models", kind, "--ranks", ",".join(map(str, args.ranks)),
            "--sample-rows", str(args.sample_rows), "--features", str(args.features), "--tune", str(args.tune),
            "--draws", str(args.draws), "--chains", str(args.chains), "--evals", str(args.evals)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    if "SYNK_GPU_IDS" in env:  # the GPUs this process saw before fork() narrowed it to the master's
+        env["CUDA_VISIBLE_DEVICES"] = env["SYNK_GPU_IDS"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError("%s failed:\n%s%s" % (" ".join(flags), proc.stdout[-3000:], proc.stderr[-3000:]))
@@ -246,14 +255,13 @@ def _sampling_rows(kind, args, plain, copy, cores):
     common = dict(model=kind, rows=args.sample_rows, features=args.features if kind == "logistic" else 3,
                   chains=args.chains, tune=args.tune, draws=args.draws)
     return (_cpu_sampler_rows(common, plain, copy, cores)
-            + [_numpyro_row(common, plain, sampler) for sampler in ("numpyro", "numpyro vectorized")
-               if sampler in plain])
+            + [_numpyro_row(common, plain, sampler) for sampler in NUMPYRO if sampler in plain])
 
 
 def _cpu_sampler_rows(common, plain, copy, cores):
     """pm.sample and nutpie: the plain model against the copy (or, where the plain
     model did not run, numpyro's posteriors against the copy's)."""
-    ref_name = "numpyro vectorized" if "numpyro vectorized" in plain else "numpyro"
+    ref_name = next((s for s in NUMPYRO[::-1] if s in plain), "numpyro")  # the fairest there is
     numpyro_ref = plain.get(ref_name)
     out = []
     for sampler in ("pm.sample", "nutpie"):
@@ -280,13 +288,14 @@ def _cpu_sampler_rows(common, plain, copy, cores):
 def _numpyro_row(common, plain, sampler):
     """numpyro on the plain model, its posteriors against pm.sample's or the other numpyro's."""
     p = plain[sampler]
-    other = "numpyro" if sampler == "numpyro vectorized" else "numpyro vectorized"
-    against = "pm.sample" if "pm.sample" in plain else other if other in plain else None
+    others = [s for s in NUMPYRO if s != sampler and s in plain]
+    against = "pm.sample" if "pm.sample" in plain else others[0] if others else None
     ref = plain.get(against)
     return dict(common, sampler=sampler, plain_s=p[0], synk_s=None, speedup=None,
                 max_mean_diff_in_sd=_worst(ref[1], p[1]) if ref else None,
                 against=against and "plain " + against, batch_sizes=None, cores=None, mp_ctx=None,
                 plain_steps_per_draw=p[2], synk_steps_per_draw=None,
-                chains_run_in="one GPU, " + ("vectorized" if "vector" in sampler else
-                                             "one after another (PyMC's chain_method)"),
+                chains_run_in=("%d GPU(s), rows sharded, vectorized" % len(p[3]) if "sharded" in sampler else
+                               "one GPU, " + ("vectorized" if "vector" in sampler else
+                                              "one after another (PyMC's chain_method)")),
                 plain=p[1], synk=None)

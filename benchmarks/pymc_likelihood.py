@@ -26,7 +26,9 @@ SDs:
   same GPU, with PyMC's chain_method (on one GPU numpyro runs the chains one
   after the other) and with ``chain_method="vectorized"``, each in a process of
   its own (its JAX does not share the session's; part ``numpyro-vectorized``: that one
-  only).  The copy refuses JAX samplers.
+  only); part ``numpyro-sharded``: the model in numpyro by hand, its rows sharded
+  over the first ``max(--ranks)`` GPUs (``NamedSharding``, vectorized chains), the
+  peer on several GPUs.  The copy refuses JAX samplers.
   On a GPU host the plain model's CPU samplers (hours at 10^7 rows) run only with
   ``--plain-cpu``; without, the copy's posteriors are compared with numpyro's.
   Each sampler's row reports its mean leapfrog steps (gradient evaluations) per
@@ -67,11 +69,12 @@ from _common import (  # noqa: E402
     usable_cores,
     write_results,
 )
+from _numpyro_sharded import numpyro_sharded_child  # noqa: E402
 from _pymc_jax import jax_child  # noqa: E402
 from _pymc_per_eval import likelihood_rows  # noqa: E402
 from _pymc_sampling import numpyro_child, sampling  # noqa: E402
 
-PARTS = ("pymc", "nutpie", "numpyro", "numpyro-vectorized", "jax-eval")
+PARTS = ("pymc", "nutpie", "numpyro", "numpyro-vectorized", "numpyro-sharded", "jax-eval")
 
 
 def _parser():
@@ -86,6 +89,9 @@ def _parser():
                    help="data_parallel(batch=): auto (None, the package's default), on, off; "
                         "whether the copy was batched is recorded")
     p.add_argument("--evals", type=int, default=30, help="timed evaluations per setting (median)")
+    p.add_argument("--plain-evals", type=int, default=None,
+                   help="timed evaluations of plain PyMC per setting (default: --evals; 0: not timed, "
+                        "for row counts where PyMC's single-threaded C takes seconds per evaluation)")
     p.add_argument("--sample", action="store_true", help="also time the samplers both ways")
     p.add_argument("--sample-rows", type=int, default=100_000)
     p.add_argument("--sample-parts", default=",".join(PARTS),
@@ -100,7 +106,8 @@ def _parser():
     p.add_argument("--plain-cpu", action="store_true",
                    help="with --gpu: also sample the plain model with pm.sample and nutpie on the CPU")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
-    p.add_argument("--_numpyro", dest="numpyro", choices=("default", "vectorized"), help=argparse.SUPPRESS)
+    p.add_argument("--_numpyro", dest="numpyro", choices=("default", "vectorized", "sharded"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--_jax", dest="jax", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -175,17 +182,17 @@ def _machine(args):
 
 def main(argv=None):
     args = _parse(argv)
-    if args.numpyro:  # a child of --sample: numpyro on the plain model
-        return numpyro_child(args)
+    if args.numpyro:  # a child of --sample: numpyro on the plain model, or by hand with its rows sharded
+        return numpyro_sharded_child(args) if args.numpyro == "sharded" else numpyro_child(args)
     if args.jax:  # a child of --sample: the hand-written JAX
         return jax_child(args)
     import pytensor
 
     info = _machine(args)
     records = likelihood_rows(args)
-    print(table(["model", "rows", "ranks", "PyMC ms", "Synkhronos ms", "speedup"],
-                [[r["model"], r["rows"], r["ranks"], "%.2f" % r["pymc_ms"], "%.2f" % r["synk_ms"],
-                  "%.2fx" % r["speedup"]] for r in records]))
+    print(table(["model", "rows", "ranks", "PyMC ms", "Synkhronos ms", "speedup", "ms / 1 rank's"],
+                [[r["model"], r["rows"], r["ranks"], _fmt(r["pymc_ms"], "%.2f"), "%.2f" % r["synk_ms"],
+                  _fmt(r["speedup"], "%.2fx"), _fmt(r["of_one_rank"], "%.2f")] for r in records]))
     sampled, jax_rows = sampling(args) if args.sample else ([], [])
     _print_sampling(sampled, pytensor.config.floatX)
     _print_jax(jax_rows, sampled)

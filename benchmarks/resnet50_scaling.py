@@ -194,7 +194,7 @@ def _run_child(kind, n, argv, timeout):
     env = None
     if kind == "synk_mpi":
         cmd[cmd.index("%s:%d" % (kind, n))] = "synk:%d" % n
-        cmd, env = mpirun_host_per_rank(n, cmd, ["--enable-recovery"])
+        cmd, env = mpirun_host_per_rank(n, cmd, ["--enable-recovery"], _ranks_per_host(argv))
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -206,6 +206,11 @@ def _run_child(kind, n, argv, timeout):
         print("  %s on %d GPU(s) failed:\n%s" % (kind, n, out.stderr[-2000:]), flush=True)
         return None
     return json.loads(line[0][7:])
+
+
+def _ranks_per_host(argv):
+    """``--mpi-ranks-per-host`` as the parent was given it (the child's argv is the parent's)."""
+    return parse_args(argv).mpi_ranks_per_host
 
 
 def parse_args(argv=None):
@@ -228,6 +233,9 @@ def parse_args(argv=None):
     p.add_argument("--mpi", action="store_true",
                    help="also run Synkhronos under mpirun, every rank its own host "
                         "(SYNKHRONOS_HOST_PER_RANK)")
+    p.add_argument("--mpi-ranks-per-host", type=int, default=1,
+                   help="with --mpi: GPUs per \"host\" (SYNKHRONOS_RANKS_PER_HOST; 2 on 4 GPUs: "
+                        "2 hosts of 2)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per setting")
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/)")
     p.add_argument("--_child", dest="child", default=None, help=argparse.SUPPRESS)
@@ -311,7 +319,9 @@ def main(argv=None):
         cols = (("synk_mpi_images_per_s", "%.0f"), ("synk_mpi_efficiency", "%.3f"),
                 ("synk_mpi_over_synk", "%.3f"))
         rows = [[r["gpus"]] + ["-" if r.get(k) is None else fmt % r[k] for k, fmt in cols] for r in records]
-        print("\nSynkhronos under mpirun, every rank its own host (Data copies, commands over TCP, NCCL):")
+        print("\nSynkhronos under mpirun, %s (Data copies, commands over TCP, NCCL):"
+              % ("every rank its own host" if args.mpi_ranks_per_host == 1 else
+                 "every %d ranks one host" % args.mpi_ranks_per_host))
         print(table(["GPUs", "mpirun img/s", "mpirun efficiency", "mpirun / single-host"], rows))
     print("targets: synk efficiency >= 0.97 at 2 GPUs; on 1 GPU synk/DDP >= 0.9, synk/Flax >= 1.0 "
           "(bf16, batch 256: >= 1.05)")

@@ -40,7 +40,8 @@ def mpi_env(gpus=False, **extra):
     env = dict(os.environ)
     if not gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    for name in ("SYNKHRONOS_FAULT", "SYNKHRONOS_HOST_PER_RANK", "SYNKHRONOS_MPI"):
+    for name in ("SYNKHRONOS_FAULT", "SYNKHRONOS_HOST_PER_RANK", "SYNKHRONOS_RANKS_PER_HOST",
+                 "SYNKHRONOS_MPI"):
         env.pop(name, None)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTENSOR_FLAGS=env.get("PYTENSOR_FLAGS", REFERENCE_FLAGS),

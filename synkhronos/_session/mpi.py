@@ -26,7 +26,9 @@ What travels how:
 
 ``SYNKHRONOS_HOST_PER_RANK=1`` makes every rank its own "host" (separate
 segments, data copies and inline transfers), so the cross-host paths run, and
-can be tested, on one machine.
+can be tested, on one machine; ``SYNKHRONOS_RANKS_PER_HOST=k`` makes every k
+consecutive ranks of a machine one "host" (2 "hosts" of 2 GPUs on a 4-GPU
+machine: ``k=2``).
 """
 
 import os
@@ -43,10 +45,11 @@ from .._common.waiting import wait_requests
 
 __all__ = ["Cluster", "cluster", "launched", "connect_workers", "connect_master", "refuse_workers",
            "finalize", "check_unused", "start_session", "HOST_ENV", "MPI_ENV",
-           "ADDR_ENV"]
+           "ADDR_ENV", "RANKS_PER_HOST_ENV", "ranks_per_host"]
 
 MPI_ENV = "SYNKHRONOS_MPI"  # 0: ignore an MPI launch (fork() spawns workers as without MPI)
 HOST_ENV = "SYNKHRONOS_HOST_PER_RANK"  # 1: every rank its own host (for tests)
+RANKS_PER_HOST_ENV = "SYNKHRONOS_RANKS_PER_HOST"  # k: every k ranks of a machine one host (for tests)
 ADDR_ENV = "SYNKHRONOS_MASTER_ADDR"  # the address workers reach the master at
 # Variables that MPI launchers set in every rank's environment: Open MPI's mpirun,
 # MPICH's Hydra and Slurm's PMI-2, PMIx (Open MPI 5, Slurm's --mpi=pmix).
@@ -113,8 +116,25 @@ def finalize():
 def cluster():
     """This launch's ``Cluster`` (made on first use, by every rank together)."""
     if _state["cluster"] is None:
-        _state["cluster"] = Cluster(_mpi().COMM_WORLD, env_flag(HOST_ENV, False))
+        _state["cluster"] = Cluster(_mpi().COMM_WORLD, ranks_per_host())
     return _state["cluster"]
+
+
+def ranks_per_host():
+    """How many consecutive ranks of a machine count as one host: 1 under
+    ``SYNKHRONOS_HOST_PER_RANK=1``, k under ``SYNKHRONOS_RANKS_PER_HOST=k``, None
+    (the machines themselves) otherwise."""
+    raw = os.environ.get(RANKS_PER_HOST_ENV, "").strip()
+    if not raw:
+        return 1 if env_flag(HOST_ENV, False) else None
+    try:
+        k = int(raw)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise ValueError("%s=%r: give a whole number of ranks >= 1 (unset: one host per machine)"
+                         % (RANKS_PER_HOST_ENV, raw))
+    return k
 
 
 def check_unused():
@@ -139,19 +159,26 @@ class Cluster:
     ----------
     world : mpi4py communicator
         All ranks (``MPI.COMM_WORLD``).
-    per_rank_hosts : bool
-        Treat every rank as its own host (``SYNKHRONOS_HOST_PER_RANK``).
+    ranks_per_host : int or None
+        Treat every ``ranks_per_host`` consecutive ranks of a machine as one
+        host (``ranks_per_host()``); None: each machine is one host.
     """
 
-    def __init__(self, world, per_rank_hosts):
+    def __init__(self, world, ranks_per_host=None):
         MPI = _mpi()
         self.world = world
         self.rank = world.Get_rank()
         self.nodes = world.allgather(MPI.Get_processor_name())
-        self._keys = (["%s/rank%d" % (n, r) for r, n in enumerate(self.nodes)] if per_rank_hosts
-                      else self.nodes)
         # GPUs are chosen by the position among ranks of the same physical node.
-        self.node_index = self.nodes[:self.rank].count(self.nodes[self.rank])
+        self._node_indices = [self.nodes[:r].count(n) for r, n in enumerate(self.nodes)]
+        self.node_index = self._node_indices[self.rank]
+        if ranks_per_host is None:
+            self._keys = self.nodes
+        elif ranks_per_host == 1:
+            self._keys = ["%s/rank%d" % (n, r) for r, n in enumerate(self.nodes)]
+        else:
+            groups = [i // ranks_per_host for i in self._node_indices]
+            self._keys = ["%s/host%d" % key for key in zip(self.nodes, groups)]
 
     def activate(self, n_parallel):
         """Use ranks ``0 .. n_parallel - 1`` (collective: every rank calls it, once,

@@ -20,17 +20,22 @@ pytestmark = pytest.mark.skipif(MPIRUN is None, reason="needs mpi4py and mpirun 
 
 
 def mpirun(n, script, *args, options=(), env=None, timeout=180):
-    """Run ``script`` on ``n`` MPI ranks, every rank its own host."""
-    env = mpi_env(SYNKHRONOS_HOST_PER_RANK="1", **(env or {}))
+    """Run ``script`` on ``n`` MPI ranks, every rank its own host unless ``env``
+    says otherwise."""
+    env = mpi_env(**{"SYNKHRONOS_HOST_PER_RANK": "1", **(env or {})})
     cmd = [MPIRUN, "-n", str(n), "--oversubscribe", *options, sys.executable, str(script), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-def test_functions_and_collectives_match_the_single_host_runtime(tmp_path):
+@pytest.mark.parametrize("layout, hosts", [({}, 4), ({"SYNKHRONOS_RANKS_PER_HOST": "2"}, 2)],
+                         ids=["4 hosts of 1", "2 hosts of 2"])
+def test_functions_and_collectives_match_the_single_host_runtime(tmp_path, layout, hosts):
+    """Every rank its own host, and 2 hosts of 2 ranks (the second host's
+    leader is not the master, and shares its segments with rank 3)."""
     before = session_segments()
-    multi = mpirun(4, HERE / "_mpi_session.py", tmp_path / "mpi.npz")
+    multi = mpirun(4, HERE / "_mpi_session.py", tmp_path / "mpi.npz", env=layout)
     assert multi.returncode == 0, multi.stdout + multi.stderr
-    assert "on 4 hosts" in multi.stderr
+    assert "4 MPI ranks on %d hosts" % hosts in multi.stderr
     single = subprocess.run([sys.executable, str(HERE / "_mpi_session.py"), tmp_path / "one.npz"],
                             capture_output=True, text=True, timeout=180, env=mpi_env(), cwd=ROOT)
     assert single.returncode == 0, single.stderr

@@ -161,6 +161,28 @@ def test_mpi_launch_without_mpi4py_says_what_to_install(monkeypatch):
         mpi.launched()
 
 
+@pytest.mark.parametrize("value, expected", [(None, None), ("1", 1), ("2", 2), (" 3 ", 3), ("0", ValueError),
+                                             ("-1", ValueError), ("two", ValueError), ("1.5", ValueError)])
+def test_ranks_per_host_reads_its_variable_or_names_it(monkeypatch, value, expected):
+    """``SYNKHRONOS_RANKS_PER_HOST`` groups a machine's ranks into "hosts" (2 x 2
+    GPUs on one 4-GPU machine); a bad value is refused with the variable's name."""
+    from synkhronos._session import mpi
+
+    monkeypatch.delenv(mpi.HOST_ENV, raising=False)
+    if value is None:
+        monkeypatch.delenv(mpi.RANKS_PER_HOST_ENV, raising=False)
+    else:
+        monkeypatch.setenv(mpi.RANKS_PER_HOST_ENV, value)
+    if expected is ValueError:
+        with pytest.raises(ValueError, match="SYNKHRONOS_RANKS_PER_HOST=%r: give a whole number" % value):
+            mpi.ranks_per_host()
+    else:
+        assert mpi.ranks_per_host() == expected
+    if value is None:
+        monkeypatch.setenv(mpi.HOST_ENV, "1")
+        assert mpi.ranks_per_host() == 1
+
+
 FLOATX_SCRIPT = """
 import numpy as np, pytensor, pytensor.tensor as pt, synkhronos as synk
 before = pytensor.config.floatX

@@ -28,6 +28,13 @@ from _pymc_models import build, evaluator, four_points, per_eval_ms, raveled_poi
 __all__ = ["copy_per_eval", "kernel_on_off", "likelihood_rows", "sizes_since"]
 
 
+def _rows_op_of(copy):
+    """``(op, inputs)``: the ``RowsLogp`` of a ``data_parallel`` copy and what it takes."""
+    from synkhronos.pymc._loo import rows_op_of
+
+    return rows_op_of(copy)
+
+
 def likelihood_rows(args):
     """PyMC against the copy per evaluation, for every model, row count and rank
     count of ``args``; the copy's logp is checked against PyMC's.  Each record
@@ -76,7 +83,7 @@ def copy_per_eval(fast, args):
     """The copy's logp+dlogp per evaluation: 1 point; 4 points from 4 threads at
     once; 4 points in one run of the ranks.  For each: ms per call (median), the
     batcher's {points per run: runs} meanwhile, and logps to check."""
-    ev = fast.potentials[0].owner.op.evaluator
+    ev = _rows_op_of(fast)[0].evaluator
     fn, q = evaluator(fast)
     return dict(one=_one_point(fn, q, ev.batcher.sizes, args.evals),
                 threads=_four_threads(fast, four_points(q), ev.batcher.sizes, args.evals),
@@ -155,9 +162,9 @@ def _run_points(fast, k):
     """``k`` points as the batcher passes them to ``Evaluator._run``."""
     from pymc.blocking import DictToArrayBijection, RaveledVars
 
-    node = fast.potentials[0].owner
+    _, inputs = _rows_op_of(fast)
     q, layout = raveled_point(fast)
-    op_inputs = fast.compile_fn(fast.replace_rvs_by_values(node.inputs), inputs=fast.value_vars,
+    op_inputs = fast.compile_fn(fast.replace_rvs_by_values(inputs), inputs=fast.value_vars,
                                 on_unused_input="ignore", point_fn=True)
     qs = [q] if k == 1 else list(four_points(q))[:k]
     return [[np.asarray(v) for v in op_inputs(DictToArrayBijection.rmap(RaveledVars(p, layout)))] for p in qs]
@@ -171,7 +178,7 @@ def kernel_on_off(model, fast, args):
     off = _copy_without_kernel(model, args.batch)
     out = {}
     for k in (1, 4):
-        runs = [(c.potentials[0].owner.op.evaluator, _run_points(c, k)) for c in (fast, off)]
+        runs = [(_rows_op_of(c)[0].evaluator, _run_points(c, k)) for c in (fast, off)]
         for ev, pts in runs:
             ev._run(pts)
         times = [[], []]

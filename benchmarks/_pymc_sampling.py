@@ -48,6 +48,13 @@ NUMPYRO = ("numpyro", "numpyro vectorized", "numpyro sharded")
 CopyRuns = collections.namedtuple("CopyRuns", "samplers sizes per_eval batched dtype")
 
 
+def _rows_op_of(copy):
+    """``(op, inputs)``: the ``RowsLogp`` of a ``data_parallel`` copy and what it takes."""
+    from synkhronos.pymc._loo import rows_op_of
+
+    return rows_op_of(copy)
+
+
 def sampling(args):
     """The samplers on the plain model and the copy, same draws and seed, and
     the copy per evaluation against hand-written JAX.  ``(rows, jax_rows)``."""
@@ -132,7 +139,7 @@ def _copy_runs(args, model, parts):
     synk.fork(args.ranks[0] if args.gpu else None, use_gpu=args.gpu)
     try:
         fast = data_parallel(model, batch=args.batch)
-        op = fast.potentials[0].owner.op
+        op = _rows_op_of(fast)[0]
         batched, dtype = bool(op.evaluator.batched), op.dtype
         for name, part, run in (("pm.sample", "pymc", _pm_sample), ("nutpie", "nutpie", _nutpie)):
             if part not in parts:

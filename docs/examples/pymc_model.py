@@ -1,7 +1,8 @@
 """A PyMC model's likelihood, data-parallel: ``synkhronos.pymc.data_parallel``.
 
 A hierarchical logistic regression over 5,000 rows (millions in real use).  The returned copy gives the
-same log-density and gradient as the original, and PyMC's own functions take it.
+same log-density and gradient as the original, and PyMC's own functions take it: sampling, posterior
+predictive draws, the log-likelihood per row.
 """
 
 import numpy as np
@@ -36,7 +37,13 @@ with fast:                                     # chains in this process, each st
     idata = pm.sample(draws=150, tune=150, chains=2, cores=1, random_seed=1, progressbar=False,
                       compute_convergence_checks=False)
 assert abs(idata.posterior["beta"].mean(("chain", "draw")).values - [0.5, -1.0, 0.2]).max() < 0.15
-ppc = pm.sample_posterior_predictive(idata, model=model, progressbar=False)  # the original model
-assert ppc.posterior_predictive["y"].shape == (2, 150, n)
+# The copy's y is still an observed variable: drawn here with the original's graph (the same
+# numbers under the same seed), its log-density per row computed on the ranks.
+ppc = pm.sample_posterior_predictive(idata, model=fast, random_seed=2, progressbar=False)
+same = pm.sample_posterior_predictive(idata, model=model, random_seed=2, progressbar=False)
+assert np.array_equal(ppc.posterior_predictive["y"], same.posterior_predictive["y"])
+loglik = pm.compute_log_likelihood(idata, model=fast, extend_inferencedata=False, progressbar=False)
+expected = pm.compute_log_likelihood(idata, model=model, extend_inferencedata=False, progressbar=False)
+assert loglik["y"].shape == (2, 150, n) and np.allclose(loglik["y"], expected["y"], rtol=1e-9)
 synk.close()
 print("All assertions passed.")

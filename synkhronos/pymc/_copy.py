@@ -1,22 +1,64 @@
 """The copy of the model that ``data_parallel`` returns (the pipeline's last
-stage): the model itself, its split variables replaced by one potential, the
-Op of their parameters and data (``_op``).
+stage): the model itself, its split terms computed by one Op of their
+parameters and data (``_op``).
 
-Everything else (free variables, their transforms and order, deterministics,
-other potentials, coordinates) is the model's own, so PyMC's functions take
-the copy as they take the model.
+One split observed variable stays an observed variable of the copy, whose
+log-density is that Op's (``_observed``); several split terms, or a split
+potential, become one potential of the Op.  Everything else (free variables,
+their transforms and order, deterministics, other potentials, coordinates) is
+the model's own, so PyMC's functions take the copy as they take the model.
 """
 
-__all__ = ["with_op"]
+from ._observed import split_observed
+
+__all__ = ["POTENTIAL", "with_op"]
+
+POTENTIAL = "synkhronos_rows"  # the potential's name, where the split terms are one
 
 
 def with_op(model, terms, op):
-    """A copy of ``model`` with ``terms``' observed variables replaced by one
-    potential, ``op`` of their parameters and data."""
-    from pymc.model.fgraph import fgraph_from_model, model_from_fgraph, model_potential
+    """A copy of ``model`` whose ``terms`` are computed by ``op`` of their
+    parameters and data."""
+    from pymc.model.fgraph import fgraph_from_model, model_from_fgraph
     from pytensor.graph.fg import FunctionGraph
 
     fgraph, memo = fgraph_from_model(model)
+    inputs = [memo.get(v, v) for v in terms.params + terms.data]
+    (kept,) = [memo[rv] for rv in terms.observed] if _one_observed(terms, memo) else (None,)
+    if kept is not None:
+        rv, value = kept.owner.inputs[:2]
+        fgraph.change_node_input(kept.owner, 0, split_observed(op, rv, value, inputs, model.check_bounds),
+                                 reason="synkhronos.pymc")
+        outputs = list(fgraph.outputs)
+    else:
+        outputs = _as_potential(fgraph, memo, terms, op, inputs)
+    new = FunctionGraph(outputs=outputs, clone=False)
+    new._coords = fgraph._coords
+    new._dim_lengths = fgraph._dim_lengths
+    copy = model_from_fgraph(new, mutate_fgraph=True)
+    # The original's order of free variables, so that compile_dlogp() and
+    # initial_point() list them as the original does.
+    order = {rv.name: i for i, rv in enumerate(model.free_RVs)}
+    copy.free_RVs.sort(key=lambda rv: order[rv.name])
+    # And the original's order of named variables, which PyMC's draws follow
+    # (pm.sample_prior_predictive gives the same numbers under one seed).
+    names = {name: i for i, name in enumerate(model.named_vars)}
+    named = sorted(copy.named_vars.items(), key=lambda kv: names.get(kv[0], len(names)))
+    copy.named_vars.clear()
+    copy.named_vars.update(named)
+    return copy
+
+
+def _one_observed(terms, memo):
+    """Whether the split terms are one observed variable (no potential)."""
+    return len(terms.observed) == 1 and len(memo[terms.observed[0]].owner.inputs) >= 2
+
+
+def _as_potential(fgraph, memo, terms, op, inputs):
+    """The outputs of ``fgraph`` with ``terms``' variables replaced by one
+    potential of ``op``."""
+    from pymc.model.fgraph import model_potential
+
     dropped = {memo[rv] for rv in terms.observed}
     for var in dropped:
         if len(var.owner.inputs) < 2:  # a potential: nothing reads it
@@ -27,18 +69,8 @@ def with_op(model, terms, op):
         for node, i in list(fgraph.clients[var]):
             if node != "output" and getattr(node, "op", None).__class__.__name__ != "Output":
                 fgraph.change_node_input(node, i, value, reason="synkhronos.pymc")
-    inputs = [memo.get(v, v) for v in terms.params + terms.data]
-    potential = _potential(model_potential, op(*inputs)[0], "synkhronos_rows")
-    outputs = [o for o in fgraph.outputs if o not in dropped] + [potential]
-    new = FunctionGraph(outputs=outputs, clone=False)
-    new._coords = fgraph._coords
-    new._dim_lengths = fgraph._dim_lengths
-    copy = model_from_fgraph(new, mutate_fgraph=True)
-    # The original's order of free variables, so that compile_dlogp() and
-    # initial_point() list them as the original does.
-    order = {rv.name: i for i, rv in enumerate(model.free_RVs)}
-    copy.free_RVs.sort(key=lambda rv: order[rv.name])
-    return copy
+    potential = _potential(model_potential, op(*inputs)[0], POTENTIAL)
+    return [o for o in fgraph.outputs if o not in dropped] + [potential]
 
 
 def _potential(model_potential, value, name):

@@ -30,9 +30,10 @@ from .. import _collectives as _coll
 from .._session import runtime
 from ._elpd import elpd_data, relative_efficiency, scale_value
 from ._loo_ranks import RanksLoo
+from ._observed import SplitObserved
 from ._op import RowsLogp
 
-__all__ = ["loo"]
+__all__ = ["loo", "rows_op_of"]
 
 CHUNK_VALUES = 2**23  # the default block: about 64 MiB of float64 log-likelihood per rank
 
@@ -101,7 +102,7 @@ def loo(idata, model, *, var_name=None, reff=None, pointwise=None, scale=None, c
     """
     from ._psis import arviz_major
 
-    op, node = _rows_op(model)
+    op, inputs = _rows_op(model)
     terms = op.pointwise
     term = _term(terms, var_name)
     major = arviz_major()
@@ -119,34 +120,48 @@ def loo(idata, model, *, var_name=None, reff=None, pointwise=None, scale=None, c
         draws, chains, n_samples = _draws(posterior, params, terms.names[term])
         if reff is None:
             reff = relative_efficiency(posterior, n_samples, major)
-        data = [np.asarray(node.inputs[len(terms.params) + i].get_value()) for i in ranks.data]
+        data = [np.asarray(inputs[len(terms.params) + i].get_value()) for i in ranks.data]
         _coll.broadcast(ranks.shareds, draws + data + [np.float64(reff), np.int64(chains)])
         values = ranks.run(chunk or max(1, CHUNK_VALUES // n_samples))
     dims, coords = _labels(model, terms.names[term], terms.dims[term], values[0].shape)
     return elpd_data(values, dims, coords, n_samples, factor, pointwise, major)
 
 
-def _rows_op(model):
-    """The ``RowsLogp`` of ``model`` (a ``data_parallel`` copy) and its node."""
-    import pymc as pm
+def rows_op_of(model):
+    """``(op, inputs)``: the ``RowsLogp`` of ``model`` (a ``data_parallel``
+    copy) and the copy's variables it takes, or None if ``model`` has none
+    (its split observed variable's, or its potential's)."""
     from pytensor.graph.traversal import ancestors
+
+    for rv in model.observed_RVs:
+        if rv.owner is not None and isinstance(rv.owner.op, SplitObserved):
+            return rv.owner.op.rows_op, rv.owner.inputs[2:]
+    for v in ancestors(list(model.potentials)):
+        if v.owner is not None and isinstance(v.owner.op, RowsLogp):
+            return v.owner.op, v.owner.inputs
+    return None
+
+
+def _rows_op(model):
+    """``rows_op_of(model)``, checked: a copy, in its session's process."""
+    import pymc as pm
 
     if not isinstance(model, pm.Model):
         raise TypeError("model must be the pymc.Model that synkhronos.pymc.data_parallel returned, got %r"
                         % (model,))
-    for v in ancestors(list(model.potentials)):
-        if v.owner is not None and isinstance(v.owner.op, RowsLogp):
-            op = v.owner.op
-            if op.pointwise is None or op.evaluator is None:
-                raise RuntimeError("synkhronos.pymc.loo runs in the process that called data_parallel, "
-                                   "with its session open (this copy's terms %s are evaluated elsewhere)"
-                                   % op.names)
-            if runtime.current() is not op.evaluator.rt:
-                raise RuntimeError("the Synkhronos session that holds the rows of %s was closed: call "
-                                   "synkhronos.pymc.data_parallel(model) again" % op.names)
-            return op, v.owner
-    raise TypeError("model %r is not a copy that synkhronos.pymc.data_parallel returned (it has no "
-                    "data-parallel terms): pass the copy, not the original model" % (model.name or model,))
+    found = rows_op_of(model)
+    if found is None:
+        raise TypeError("model %r is not a copy that synkhronos.pymc.data_parallel returned (it has no "
+                        "data-parallel terms): pass the copy, not the original model"
+                        % (model.name or model,))
+    op = found[0]
+    if op.pointwise is None or op.evaluator is None:
+        raise RuntimeError("synkhronos.pymc.loo runs in the process that called data_parallel, "
+                           "with its session open (this copy's terms %s are evaluated elsewhere)" % op.names)
+    if runtime.current() is not op.evaluator.rt:
+        raise RuntimeError("the Synkhronos session that holds the rows of %s was closed: call "
+                           "synkhronos.pymc.data_parallel(model) again" % op.names)
+    return found
 
 
 def _term(terms, var_name):

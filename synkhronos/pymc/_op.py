@@ -42,6 +42,8 @@ class RowsLogp(Op):
     process's service from a child; ``names`` label it in errors."""
 
     pointwise = None  # the terms per row (``_pointwise``), for ``loo``; set in the session's process only
+    check_bounds = True  # the model's, for the function per row (``_observed``)
+    per_row = None  # that function, made at its first use
 
     def __init__(self, evaluator, route, names, dtype, continuous):
         self.evaluator = evaluator

@@ -11,6 +11,7 @@ import test_pymc  # noqa: E402
 from test_pymc import assert_same_density, float64_session, hierarchical, logistic  # noqa: E402
 
 from synkhronos.pymc import data_parallel  # noqa: E402
+from synkhronos.pymc._loo import rows_op_of  # noqa: E402
 
 pytestmark = pytest.mark.gpus(1)
 
@@ -55,7 +56,7 @@ def test_forked_and_threaded_chains_on_a_gpu_rank(session):
 
     plain = chains.logistic()
     split = data_parallel(plain)
-    evaluator = split.potentials[0].owner.op.evaluator
+    evaluator = rows_op_of(split)[0].evaluator
     assert evaluator.batched and evaluator.packing is not None, "batched and packed by default on GPU ranks"
     here = chains._pm_sample(split, cores=1)
     before = chains.evaluations(split)
@@ -67,6 +68,17 @@ def test_forked_and_threaded_chains_on_a_gpu_rank(session):
     kw = dict(chains=4, tune=chains.DRAWS, draws=chains.DRAWS, seed=1, progress_bar=False)
     chains.assert_same_posterior(nutpie.sample(nutpie.compile_pymc_model(split), **kw),
                                  nutpie.sample(nutpie.compile_pymc_model(plain), **kw))
+
+
+@pytest.mark.parametrize("make", ["logistic, dims", "normal, 3 per row"])
+def test_log_likelihood_and_posterior_predictive_on_a_gpu_rank(session, make):
+    """pm.compute_log_likelihood on the copy (its rows from the GPU rank) and
+    pm.sample_posterior_predictive: PyMC's numbers on the original model."""
+    import test_pymc_workflow as workflow
+
+    model = workflow.MODELS[make]
+    workflow.test_compute_log_likelihood_on_the_copy_is_pymcs_and_runs_on_the_ranks(None, model)
+    workflow.test_posterior_predictive_on_the_copy_draws_as_the_original(None, model)
 
 
 @pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 100_003])

@@ -16,6 +16,8 @@ from pytensor.compile.mode import Mode  # noqa: E402
 
 import synkhronos as synk  # noqa: E402
 from synkhronos.pymc import data_parallel  # noqa: E402
+from synkhronos.pymc._loo import rows_op_of  # noqa: E402
+from synkhronos.pymc._observed import SplitObserved  # noqa: E402
 
 N_RANKS = 2
 RTOL = 1e-9
@@ -92,7 +94,7 @@ def assert_same_density(orig, split, rtol=RTOL):
     for p in points(orig, 3):
         np.testing.assert_allclose(logp1(p), logp0(p), rtol=rtol)
         np.testing.assert_allclose(d1(p), d0(p), rtol=rtol, atol=1e-9)
-    op = split.potentials[0].owner.op
+    op = rows_op_of(split)[0]
     assert sum(op.evaluator.batcher.sizes.values()) > 0  # computed on the ranks of this session
 
 
@@ -128,7 +130,7 @@ def test_parameter_names_that_are_not_identifiers_split_batched(session):
     (PyTensor read the name as a dtype string)."""
     model = formula_names(1003)
     split = data_parallel(model, batch=True)
-    assert split.potentials[0].owner.op.evaluator.batched
+    assert rows_op_of(split)[0].evaluator.batched
     assert_same_density(model, split)
 
 
@@ -140,7 +142,10 @@ def test_original_model_is_left_as_it_was(session):
     assert model.compile_logp()(model.initial_point()) == before
     np.testing.assert_array_equal(model["x"].get_value(), x_before)
     assert [v.name for v in model.observed_RVs] == ["y"]
-    assert split.observed_RVs == [] and [p.name for p in split.potentials] == ["synkhronos_rows"]
+    # The copy keeps y an observed variable, drawn forward as the original draws it, its
+    # log-density the ranks' (one potential where several terms are split instead).
+    assert [v.name for v in split.observed_RVs] == ["y"] and split.potentials == []
+    assert isinstance(split["y"].owner.op, SplitObserved)
 
 
 def test_works_after_other_functions_were_distributed(session):
@@ -267,6 +272,7 @@ def test_benchmark_runs_at_its_smallest_and_writes_json_and_png(tmp_path):
 MPI_SCRIPT = """
 import numpy as np, pymc as pm, pytensor, synkhronos as synk
 from synkhronos.pymc import data_parallel
+from synkhronos.pymc._loo import rows_op_of
 
 n = synk.fork()  # every MPI rank runs this; rank 0 returns as the master
 rng = np.random.default_rng(0)
@@ -284,7 +290,7 @@ for k in range(3):
     p = {name: v + 0.5 * rng.standard_normal(v.shape) for name, v in m.initial_point().items()}
     np.testing.assert_allclose(logp1(p), logp0(p), rtol=1e-9)
     np.testing.assert_allclose(d1(p), d0(p), rtol=1e-9, atol=1e-9)
-assert sum(split.potentials[0].owner.op.evaluator.batcher.sizes.values()) > 0
+assert sum(rows_op_of(split)[0].evaluator.batcher.sizes.values()) > 0
 print("equal on", n, "MPI ranks,", pytensor.config.floatX)
 synk.close()
 """
@@ -383,7 +389,7 @@ def test_nan_and_infinite_parameters_give_what_pymc_gives(session, batch):
         b = pm.Normal("b", 0, 1, shape=2)
         pm.Bernoulli("y", logit_p=pt.as_tensor(x) @ b, observed=y)
     split = data_parallel(model, batch=batch)
-    assert split.potentials[0].owner.op.evaluator.batched == batch
+    assert rows_op_of(split)[0].evaluator.batched == batch
     # PyMC's as a user compiles it: its FAST_RUN rewrites make log(1 - sigmoid) a softplus,
     # finite where sigmoid saturates (the suite's fast_compile references give -inf there).
     users = dict(mode=Mode(linker="py", optimizer="fast_run"))

@@ -23,6 +23,7 @@ import synkhronos as synk  # noqa: E402
 from synkhronos._session import runtime  # noqa: E402
 from synkhronos.pymc import data_parallel  # noqa: E402
 from synkhronos.pymc._batch import Batcher  # noqa: E402
+from synkhronos.pymc._loo import rows_op_of  # noqa: E402
 
 ROWS, FEATURES = 1000, 4
 DRAWS = 100
@@ -53,7 +54,7 @@ def models(session):
 
 def evaluations(split):
     """How many points the session's process evaluated for ``split`` so far."""
-    sizes = split.potentials[0].owner.op.evaluator.batcher.sizes
+    sizes = rows_op_of(split)[0].evaluator.batcher.sizes
     return sum(n * k for n, k in sizes.items())
 
 
@@ -148,7 +149,7 @@ def test_threads_at_once_get_their_own_logp_and_gradient(models, batch):
     plain, _ = models
     split = data_parallel(plain, batch=batch)
     gpu = runtime.current().device.name == "gpu"
-    assert split.potentials[0].owner.op.evaluator.batched == (gpu if batch is None else batch)
+    assert rows_op_of(split)[0].evaluator.batched == (gpu if batch is None else batch)
     logp0, dlogp0 = plain.compile_logp(), plain.compile_dlogp()
     points = _points(plain, 6)
     # A PyTensor function is not reentrant: each chain compiles its own, as samplers do.
@@ -172,7 +173,7 @@ def test_threads_at_once_get_their_own_logp_and_gradient(models, batch):
             np.testing.assert_allclose(lp, logp0(p), rtol=1e-9)
             np.testing.assert_allclose(dlp, dlogp0(p), rtol=1e-9, atol=1e-9)
     assert len(results) == len(points)
-    sizes = split.potentials[0].owner.op.evaluator.batcher.sizes
+    sizes = rows_op_of(split)[0].evaluator.batcher.sizes
     assert max(sizes) > 1, "points pending together ran together: %s" % dict(sizes)
 
 
@@ -305,12 +306,13 @@ import numpy as np
 import pymc as pm
 import synkhronos as synk
 from synkhronos.pymc import data_parallel
+from synkhronos.pymc._loo import rows_op_of
 import test_pymc_chains as chains
 
 synk.fork(2, use_gpu=False)
 plain = chains.logistic()
 split = data_parallel(plain)
-ev = split.potentials[0].owner.op.evaluator
+ev = rows_op_of(split)[0].evaluator
 logp0, dlogp0 = plain.compile_logp(), plain.compile_dlogp()
 points = chains._points(plain, 4)
 compiled = [(split.compile_logp(), split.compile_dlogp()) for _ in points]

@@ -17,6 +17,7 @@ from pytensor.graph.op import Op  # noqa: E402
 from test_pymc import assert_same_density, float64_session, logistic  # noqa: E402
 
 from synkhronos.pymc import data_parallel  # noqa: E402
+from synkhronos.pymc._loo import rows_op_of  # noqa: E402
 
 N = 1001  # uneven over 2 ranks
 
@@ -183,7 +184,7 @@ def test_logp_and_gradient_equal_pymcs(session, make, batch):
     that JAX ranks run by default (here a batch of one point)."""
     model = make()
     split = data_parallel(model, batch=batch)
-    assert split.potentials[-1].owner.op.evaluator.batched == (batch and make not in UNBATCHED)
+    assert rows_op_of(split)[0].evaluator.batched == (batch and make not in UNBATCHED)
     assert_same_density(model, split)
 
 
@@ -439,6 +440,7 @@ _ON_JAX_RANKS = """
 import sys
 import synkhronos as synk
 from synkhronos.pymc import data_parallel
+from synkhronos.pymc._loo import rows_op_of
 import test_pymc_zoo as zoo
 from test_pymc import assert_same_density
 
@@ -446,7 +448,7 @@ synk.fork(2, use_gpu=False)
 for name in sys.argv[1:]:
     model = getattr(zoo, name)()
     split = data_parallel(model)
-    ev = split.potentials[-1].owner.op.evaluator
+    ev = rows_op_of(split)[0].evaluator
     assert type(ev.fn._core.plain.maker.linker).__name__ == "JAXLinker" and ev.batched, name
     assert ev.packing is not None, name  # one matrix of points in, one of results out
     # (XLA's digamma, in the Gamma's gradient, is PyMC's to 1.3e-9)

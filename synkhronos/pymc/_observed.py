@@ -1,0 +1,256 @@
+"""A copy's split observed variable as PyMC sees it: still an observed
+variable, drawn with the original's graph, its log-density computed on the
+ranks.
+
+Where one observed variable is split (and no potential over the rows), the
+copy keeps it, named and with its dims as in the original, so that PyMC's
+functions that read observed variables work on the copy:
+
+- ``SplitObserved(rows_op)(rv, value, *inputs)`` stands where PyMC expects the
+  variable's random variable: forward it is ``rv`` itself (the original's graph
+  in this process), so ``pm.sample_prior_predictive`` and
+  ``pm.sample_posterior_predictive`` draw it as they draw it on the original,
+  the same numbers under the same seed; its log-density (PyMC's ``_logprob``)
+  is ``RowsPointwise``;
+- ``RowsPointwise(rows_op)(*inputs)``: the variable's log-density per row,
+  each rank computing its own rows and this process gathering them, which is
+  what ``pm.compute_log_likelihood`` reads.  Summed, as every log-density of
+  the model is (``model.logp()``), a rewrite (``sum_of_rows``, in every mode)
+  makes it the copy's ``RowsLogp``: one call of the ranks that returns the sum
+  and its gradient, as the copy's potential did; its gradient under a sum (one
+  weight for every row) is the ``RowsLogp``'s too.
+
+``inputs`` are the ``RowsLogp``'s (free variables and data without rows);
+``rows_op`` is the copy's ``RowsLogp``, whose ``pointwise`` graphs
+(``_pointwise``) the ranks compile for the values per row.
+"""
+
+import threading
+import warnings
+
+import numpy as np
+from pymc.logprob.abstract import MeasurableOp, _logprob
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+
+from .. import _api, _data, _function
+from .._session import runtime
+from ._gradient import parameter_checks
+
+__all__ = ["RowsPointwise", "SplitObserved", "register_observed", "split_observed"]
+
+_BUILDING = threading.Lock()  # two threads' first per-row call: one function
+_REGISTERED = []
+
+
+def split_observed(rows_op, rv, value, inputs, check_bounds):
+    """The variable that stands for split observed variable ``rv`` (observed
+    ``value``) in a copy whose ``RowsLogp`` is ``rows_op`` of ``inputs``."""
+    register_observed()
+    rows_op.check_bounds = check_bounds
+    out = SplitObserved(rows_op)(rv, value, *inputs)
+    out.name = rv.name
+    return out
+
+
+class SplitObserved(MeasurableOp, Op):
+    """``rv`` forward; the log-density of its rows, on the ranks (``RowsPointwise``)."""
+
+    __props__ = ("rows_op",)
+    view_map = {0: [0]}
+
+    def __init__(self, rows_op):
+        self.rows_op = rows_op
+
+    def make_node(self, rv, value, *inputs):
+        import pytensor.tensor as pt
+
+        rv, value = pt.as_tensor_variable(rv), pt.as_tensor_variable(value)
+        return Apply(self, [rv, value] + [pt.as_tensor_variable(x) for x in inputs], [rv.type()])
+
+    def perform(self, node, inputs, output_storage):
+        output_storage[0][0] = inputs[0]
+
+    def __str__(self):
+        return "SplitObserved{%s}" % self.rows_op.names
+
+
+class RowsPointwise(Op):
+    """The split variable's log-density, one value per row, gathered from the ranks."""
+
+    __props__ = ("rows_op",)
+
+    def __init__(self, rows_op):
+        self.rows_op = rows_op
+
+    def make_node(self, *inputs):
+        import pytensor.tensor as pt
+
+        (logp,) = self.rows_op.pointwise.logps if self.rows_op.pointwise is not None else (None,)
+        ndim, dtype = (1, self.rows_op.dtype) if logp is None else (logp.ndim, logp.dtype)
+        out = pt.TensorType(dtype, shape=(None,) * ndim)()
+        return Apply(self, [pt.as_tensor_variable(x) for x in inputs], [out])
+
+    def perform(self, node, inputs, output_storage):
+        output_storage[0][0] = np.asarray(_per_row(self.rows_op, inputs), dtype=node.outputs[0].dtype)
+
+    def L_op(self, inputs, outputs, output_grads):
+        # PyTensor 2.x (PyMC 5) asks L_op; PyTensor 3.3 asks pullback.
+        return self.pullback(inputs, outputs, output_grads)
+
+    def pullback(self, inputs, outputs, output_grads):
+        """Under a sum (the same weight ``c`` on every row, as in the model's
+        log-density): ``c`` times the ``RowsLogp``'s gradient."""
+        from pytensor.gradient import grad_not_implemented
+
+        c = _one_weight(output_grads[0])
+        if c is None:
+            return [grad_not_implemented(self, i, x, "a gradient of the rows' log-densities weighted row by "
+                                                      "row (only their sum has one)")
+                    for i, x in enumerate(inputs)]
+        results = self.rows_op(*inputs)
+        grads, k = [], 1
+        for i, (x, continuous) in enumerate(zip(inputs, self.rows_op.continuous)):
+            if continuous:
+                grads.append((c * results[k]).astype(x.dtype))
+                k += 1
+            else:
+                grads.append(grad_not_implemented(self, i, x, "data and discrete variables have no "
+                                                             "gradient here"))
+        return grads
+
+    def __str__(self):
+        return "RowsPointwise{%s}" % self.rows_op.names
+
+
+def _one_weight(g):
+    """The scalar ``c`` if cotangent ``g`` is ``c`` on every row (what the
+    gradient of a sum gives: ``second(x, c)``, or ``c`` broadcast), else None."""
+    from pytensor.scalar.basic import Second
+    from pytensor.tensor.basic import Alloc
+    from pytensor.tensor.elemwise import Elemwise
+
+    if all(g.type.broadcastable):
+        return g.dimshuffle()
+    node = g.owner
+    if node is None:
+        return None
+    if isinstance(node.op, Elemwise) and isinstance(node.op.scalar_op, Second):
+        c = node.inputs[1]
+    elif isinstance(node.op, Alloc):
+        c = node.inputs[0]
+    else:
+        return None
+    return c.dimshuffle() if all(c.type.broadcastable) else None
+
+
+def _per_row(rows_op, inputs):
+    """The rows' log-densities at ``inputs``: each rank computes its own, in
+    the order of the rows."""
+    ev = rows_op.evaluator
+    if rows_op.pointwise is None or ev is None or ev.rt.foreign:
+        raise RuntimeError("the log-density per row of %s is computed in the process that called "
+                           "data_parallel (pm.compute_log_likelihood there, or with the original model)"
+                           % rows_op.names)
+    if runtime.current() is not ev.rt:
+        raise RuntimeError("the Synkhronos session that holds the rows of %s was closed: call "
+                           "synkhronos.pymc.data_parallel(model) again" % rows_op.names)
+    fn, datas = _function_of(rows_op)
+    with runtime.locked():  # the Data are written, then read by the call, as one step
+        for d, x in zip(datas, inputs):
+            x = np.asarray(x, dtype=d.dtype)
+            if d.shape == x.shape:
+                d.data[...] = x
+            else:
+                d.set_value(x)
+        (per_rank,) = fn(*datas)  # one output, not reduced: one array per rank
+    return np.concatenate([np.asarray(p) for p in per_rank])
+
+
+def _function_of(rows_op):
+    """``(fn, datas)``: the Synkhronos function of the split term per row
+    (made and sent to the ranks at its first use, on the rows they already
+    hold) and a ``synkhronos.Data`` to broadcast each input from."""
+    with _BUILDING:
+        if rows_op.per_row is None:
+            from pytensor.graph.replace import clone_replace
+
+            terms = rows_op.pointwise
+            (logp,) = parameter_checks(clone_replace(list(terms.logps)), rows_op.check_bounds)
+            inputs = terms.params + terms.data
+            fn = _function.function([], [(logp, None)], bcast_inputs=inputs,
+                                    name="pymc rows of %s, per row" % (terms.names,))
+            _api.distribute()
+            datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in inputs]
+            rows_op.per_row = (fn, datas)
+    return rows_op.per_row
+
+
+def sum_of_rows(fgraph, node):
+    """``sum(RowsPointwise(*inputs))`` -> ``RowsLogp(*inputs)[0]``: the
+    ranks sum their own rows."""
+    from pytensor.tensor.math import Sum
+
+    if not isinstance(node.op, Sum):
+        return None
+    (x,) = node.inputs
+    if x.owner is None or not isinstance(x.owner.op, RowsPointwise):
+        return None
+    if node.op.axis is not None and sorted(node.op.axis) != list(range(x.ndim)):
+        return None
+    total = x.owner.op.rows_op(*x.owner.inputs)[0]
+    return [total.astype(node.outputs[0].dtype)]
+
+
+_JAX_REFUSAL = ("%s: the log-density of a split observed variable is computed on the Synkhronos ranks "
+                "through this process, which JAX-compiled code cannot call; use PyMC's own NUTS, nutpie's "
+                "default backend, or the original model")
+
+
+def register_observed():
+    """Once: PyMC's log-density of ``SplitObserved``, the rewrite of a sum of
+    ``RowsPointwise`` in every compiling mode, and PyTensor's JAX and Numba
+    backends told how to take both Ops."""
+    if _REGISTERED:
+        return
+    _REGISTERED.append(True)
+
+    @_logprob.register(SplitObserved)
+    def _rows_logp(op, values, rv, value, *inputs, **kwargs):
+        return RowsPointwise(op.rows_op)(*inputs)
+
+    from pytensor.compile import optdb
+    from pytensor.graph.rewriting.basic import in2out, node_rewriter
+    from pytensor.tensor.math import Sum
+
+    optdb.register("synkhronos_sum_of_rows", in2out(node_rewriter([Sum])(sum_of_rows)), "fast_run",
+                   "fast_compile", position=0.5)
+    _register_backends()
+
+
+def _register_backends():
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    @jax_funcify.register(SplitObserved)
+    def _forward(op, **kwargs):
+        def split_observed(rv, value, *inputs):
+            return rv
+
+        return split_observed
+
+    @jax_funcify.register(RowsPointwise)
+    def _refused(op, **kwargs):
+        raise NotImplementedError(_JAX_REFUSAL % op)
+
+    try:
+        from pytensor.link.numba.dispatch.basic import generate_fallback_impl, numba_funcify
+    except ImportError:  # no Numba
+        return
+
+    def object_mode(op, node, storage_map=None, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Numba will use object mode", UserWarning)
+            return generate_fallback_impl(op, node, storage_map, **kwargs)
+
+    numba_funcify.register(SplitObserved)(object_mode)
+    numba_funcify.register(RowsPointwise)(object_mode)

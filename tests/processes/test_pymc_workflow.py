@@ -1,0 +1,155 @@
+"""The rest of a PyMC user's workflow on a ``data_parallel`` copy, against PyMC
+on the original model: ``pm.compute_log_likelihood`` (its rows computed on the
+ranks), ``pm.sample_posterior_predictive`` and ``pm.sample_prior_predictive``
+(drawn with the original's graph), and the copy's log-density still one call of
+the ranks in every compiling mode."""
+
+import numpy as np
+import pytest
+
+pm = pytest.importorskip("pymc")
+
+import pytensor  # noqa: E402
+from pytensor.compile.mode import Mode  # noqa: E402
+from scipy import stats  # noqa: E402
+from test_pymc import N_RANKS, float64_session  # noqa: E402
+
+from synkhronos.pymc import data_parallel  # noqa: E402
+from synkhronos.pymc._loo import rows_op_of  # noqa: E402
+from synkhronos.pymc._observed import RowsPointwise, SplitObserved  # noqa: E402
+from synkhronos.pymc._op import RowsLogp  # noqa: E402
+
+N = 1001  # uneven over 2 ranks
+
+
+@pytest.fixture(scope="module")
+def session():
+    with float64_session(N_RANKS):
+        yield
+
+
+def logistic_with_dims(n=N, seed=0):
+    """A logistic regression whose rows have a named dimension and coordinates."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 3))
+    y = (rng.random(n) < 1 / (1 + np.exp(-(x @ [0.5, -1.0, 0.2] + 0.3)))).astype("int64")
+    with pm.Model(coords={"obs": 1000 + np.arange(n)}) as m:
+        xd = pm.Data("x", x, dims=("obs", "feature"))
+        a = pm.Normal("a", 0, 1)
+        b = pm.Normal("b", 0, 1, shape=3)
+        pm.Bernoulli("y", logit_p=a + xd @ b, observed=y, dims="obs")
+    return m
+
+
+def normal_of_rows_of_three(n=N, seed=1):
+    """Three values per row: the observed variable has an axis after the rows."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n)
+    y = 0.5 + 2.0 * x[:, None] + rng.standard_normal((n, 3))
+    with pm.Model() as m:
+        xd = pm.Data("x", x)
+        a = pm.Normal("a", 0, 1)
+        b = pm.Normal("b", 0, 1)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", a + b * xd[:, None], s, observed=y)
+    return m
+
+
+MODELS = {"logistic, dims": logistic_with_dims, "normal, 3 per row": normal_of_rows_of_three}
+
+
+def draws(model, n=40, seed=3):
+    """A posterior group of 2 chains of ``n`` draws each: the prior's, as
+    ``pm.sample`` would lay them out (the functions under test only read them)."""
+    import arviz as az
+
+    names = [v.name for v in model.free_RVs]
+    prior = pm.sample_prior_predictive(draws=2 * n, model=model, random_seed=seed, var_names=names).prior
+    values = {k: prior[k].values.reshape((2, n) + prior[k].shape[2:]) for k in names}
+    try:
+        return az.from_dict(posterior=values)  # ArviZ 0.x
+    except TypeError:
+        return az.from_dict({"posterior": values})  # ArviZ 1.x
+
+
+@pytest.mark.parametrize("make", MODELS.values(), ids=MODELS.keys())
+def test_compute_log_likelihood_on_the_copy_is_pymcs_and_runs_on_the_ranks(session, make):
+    model = make()
+    split = data_parallel(model)
+    assert isinstance(split["y"].owner.op, SplitObserved)
+    idata = draws(model)
+    ours = pm.compute_log_likelihood(idata, model=split, extend_inferencedata=False, progressbar=False)
+    theirs = pm.compute_log_likelihood(idata, model=model, extend_inferencedata=False, progressbar=False)
+    assert ours["y"].dims == theirs["y"].dims and ours["y"].shape == theirs["y"].shape
+    for d in theirs["y"].dims:
+        np.testing.assert_array_equal(ours[d].values, theirs[d].values)
+    np.testing.assert_allclose(ours["y"].values, theirs["y"].values, rtol=1e-9)
+    assert rows_op_of(split)[0].per_row is not None  # the ranks' function per row computed them
+
+
+@pytest.mark.parametrize("make", MODELS.values(), ids=MODELS.keys())
+def test_posterior_predictive_on_the_copy_draws_as_the_original(session, make):
+    model = make()
+    split = data_parallel(model)
+    idata = draws(model)
+    ours = pm.sample_posterior_predictive(idata, model=split, random_seed=5, progressbar=False)
+    theirs = pm.sample_posterior_predictive(idata, model=model, random_seed=5, progressbar=False)
+    again = pm.sample_posterior_predictive(idata, model=split, random_seed=5, progressbar=False)
+    y = ours.posterior_predictive["y"]
+    assert y.dims == theirs.posterior_predictive["y"].dims
+    np.testing.assert_array_equal(y.values, theirs.posterior_predictive["y"].values)
+    np.testing.assert_array_equal(y.values, again.posterior_predictive["y"].values)
+
+
+def test_prior_predictive_on_the_copy_is_the_originals_in_distribution(session):
+    model = logistic_with_dims()
+    split = data_parallel(model)
+    ours = pm.sample_prior_predictive(draws=400, model=split, random_seed=7)
+    again = pm.sample_prior_predictive(draws=400, model=split, random_seed=7)
+    theirs = pm.sample_prior_predictive(draws=400, model=model, random_seed=8)
+    y = ours.prior_predictive["y"]
+    assert y.dims == theirs.prior_predictive["y"].dims and y.shape == (1, 400, N)
+    np.testing.assert_array_equal(y.values, again.prior_predictive["y"].values)
+    # Each draw's share of ones, and the prior of a: the same distribution as PyMC's (two-sample tests).
+    for ours_v, theirs_v in [(y.mean("obs"), theirs.prior_predictive["y"].mean("obs")),
+                             (ours.prior["a"], theirs.prior["a"])]:
+        assert stats.ks_2samp(ours_v.values.ravel(), theirs_v.values.ravel()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["default", "FAST_COMPILE", "NUMBA"])
+def test_the_copys_log_density_is_one_call_of_the_ranks_in_every_mode(session, mode):
+    if mode == "NUMBA":
+        pytest.importorskip("numba")
+    model = logistic_with_dims()
+    split = data_parallel(model)
+    logp = split.logp()
+    outputs = [logp] + pytensor.grad(logp, split.value_vars)
+    fn = pytensor.function(split.value_vars, outputs, mode=None if mode == "default" else Mode(linker={
+        "FAST_COMPILE": "py", "NUMBA": "numba"}[mode], optimizer={"FAST_COMPILE": "fast_compile",
+                                                                   "NUMBA": "fast_run"}[mode]))
+    ops = [type(node.op) for node in fn.maker.fgraph.toposort()]
+    assert ops.count(RowsLogp) == 1 and RowsPointwise not in ops, ops
+    point = {k: v + 0.1 for k, v in model.initial_point().items()}
+    got = fn(*[point[v.name] for v in split.value_vars])
+    expected = [model.compile_logp()(point)] + list(model.compile_dlogp()(point))
+    np.testing.assert_allclose(np.concatenate([np.ravel(g) for g in got]), expected, rtol=1e-9)
+
+
+def test_rows_weighted_one_by_one_have_no_gradient_and_say_so(session):
+    split = data_parallel(logistic_with_dims())
+    (per_row,) = split.logp(vars=[split["y"]], sum=False)
+    weights = pytensor.shared(np.linspace(0, 1, N))
+    with pytest.raises(Exception, match="weighted row by row"):
+        pytensor.grad((weights * per_row).sum(), split.value_vars)
+
+
+def test_several_split_terms_stay_one_potential(session):
+    rng = np.random.default_rng(9)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 1)
+        pm.Normal("y", a, 1, observed=rng.standard_normal(N))
+        pm.Normal("z", a, 2, observed=rng.standard_normal(N))
+    split = data_parallel(model)
+    assert split.observed_RVs == [] and [p.name for p in split.potentials] == ["synkhronos_rows"]
+    point = {"a": np.array(0.3)}
+    np.testing.assert_allclose(split.compile_logp()(point), model.compile_logp()(point), rtol=1e-9)

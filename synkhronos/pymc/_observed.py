@@ -37,7 +37,7 @@ from .. import _api, _data, _function
 from .._session import runtime
 from ._gradient import parameter_checks
 
-__all__ = ["RowsPointwise", "SplitObserved", "register_observed", "split_observed"]
+__all__ = ["RowsPointwise", "SplitObserved", "numba_object_mode", "register_observed", "split_observed"]
 
 _BUILDING = threading.Lock()  # two threads' first per-row call: one function
 _REGISTERED = []
@@ -242,6 +242,13 @@ def _register_backends():
     def _refused(op, **kwargs):
         raise NotImplementedError(_JAX_REFUSAL % op)
 
+    numba_object_mode(SplitObserved, RowsPointwise)
+
+
+def numba_object_mode(*op_classes):
+    """Make PyTensor's Numba backend (PyTensor 3's default) run ``op_classes``
+    in Numba's object mode without warning that it does: calling out of
+    compiled code is what these Ops are for.  Nothing without Numba."""
     try:
         from pytensor.link.numba.dispatch.basic import generate_fallback_impl, numba_funcify
     except ImportError:  # no Numba
@@ -252,5 +259,5 @@ def _register_backends():
             warnings.filterwarnings("ignore", "Numba will use object mode", UserWarning)
             return generate_fallback_impl(op, node, storage_map, **kwargs)
 
-    numba_funcify.register(SplitObserved)(object_mode)
-    numba_funcify.register(RowsPointwise)(object_mode)
+    for cls in op_classes:
+        numba_funcify.register(cls)(object_mode)

@@ -14,13 +14,13 @@ Who evaluates it, and how:
 """
 
 import os
-import warnings
 
 import numpy as np
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from .._session import child_service, runtime
+from ._observed import numba_object_mode
 
 __all__ = ["RowsLogp", "register_backends", "rows_logp"]
 
@@ -130,13 +130,4 @@ def register_backends():
     def _refused(op, **kwargs):
         raise NotImplementedError(_JAX_REFUSAL % op)
 
-    try:
-        from pytensor.link.numba.dispatch.basic import generate_fallback_impl, numba_funcify
-    except ImportError:  # no Numba
-        return
-
-    @numba_funcify.register(RowsLogp)
-    def _object_mode(op, node, storage_map=None, **kwargs):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Numba will use object mode", UserWarning)
-            return generate_fallback_impl(op, node, storage_map, **kwargs)
+    numba_object_mode(RowsLogp)

@@ -24,11 +24,11 @@ def with_op(model, terms, op):
 
     fgraph, memo = fgraph_from_model(model)
     inputs = [memo.get(v, v) for v in terms.params + terms.data]
-    (kept,) = [memo[rv] for rv in terms.observed] if _one_observed(terms, memo) else (None,)
+    kept = memo[terms.observed[0]] if _one_observed(terms, memo) else None
     if kept is not None:
         rv, value = kept.owner.inputs[:2]
-        fgraph.change_node_input(kept.owner, 0, split_observed(op, rv, value, inputs, model.check_bounds),
-                                 reason="synkhronos.pymc")
+        wrapped = split_observed(op, rv, value, inputs)
+        fgraph.change_node_input(kept.owner, 0, wrapped, reason="synkhronos.pymc")
         outputs = list(fgraph.outputs)
     else:
         outputs = _as_potential(fgraph, memo, terms, op, inputs)

@@ -131,6 +131,7 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     served, route = evaluator(fn, graph)
     op = rows_logp(served, route, graph)
     op.pointwise = pointwise_terms(model, terms, graph)  # what synkhronos.pymc.loo builds on; stays here
+    op.check_bounds = model.check_bounds  # for those graphs compiled per row
     logger.info("synkhronos.pymc: %s split over %d ranks (%d rows, %s)", graph.names, n, n_rows, op.dtype)
     return with_op(model, terms, op)
 

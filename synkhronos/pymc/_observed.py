@@ -43,11 +43,10 @@ _BUILDING = threading.Lock()  # two threads' first per-row call: one function
 _REGISTERED = []
 
 
-def split_observed(rows_op, rv, value, inputs, check_bounds):
+def split_observed(rows_op, rv, value, inputs):
     """The variable that stands for split observed variable ``rv`` (observed
     ``value``) in a copy whose ``RowsLogp`` is ``rows_op`` of ``inputs``."""
     register_observed()
-    rows_op.check_bounds = check_bounds
     out = SplitObserved(rows_op)(rv, value, *inputs)
     out.name = rv.name
     return out

@@ -25,14 +25,14 @@ import numpy as np
 from _common import median
 from _pymc_models import build, evaluator, four_points, per_eval_ms, raveled_point
 
-__all__ = ["copy_per_eval", "kernel_on_off", "likelihood_rows", "sizes_since"]
+__all__ = ["copy_per_eval", "kernel_on_off", "likelihood_rows", "rows_op_of", "sizes_since"]
 
 
-def _rows_op_of(copy):
+def rows_op_of(copy):
     """``(op, inputs)``: the ``RowsLogp`` of a ``data_parallel`` copy and what it takes."""
-    from synkhronos.pymc._loo import rows_op_of
+    from synkhronos.pymc import _loo
 
-    return rows_op_of(copy)
+    return _loo.rows_op_of(copy)
 
 
 def likelihood_rows(args):
@@ -83,7 +83,7 @@ def copy_per_eval(fast, args):
     """The copy's logp+dlogp per evaluation: 1 point; 4 points from 4 threads at
     once; 4 points in one run of the ranks.  For each: ms per call (median), the
     batcher's {points per run: runs} meanwhile, and logps to check."""
-    ev = _rows_op_of(fast)[0].evaluator
+    ev = rows_op_of(fast)[0].evaluator
     fn, q = evaluator(fast)
     return dict(one=_one_point(fn, q, ev.batcher.sizes, args.evals),
                 threads=_four_threads(fast, four_points(q), ev.batcher.sizes, args.evals),
@@ -162,7 +162,7 @@ def _run_points(fast, k):
     """``k`` points as the batcher passes them to ``Evaluator._run``."""
     from pymc.blocking import DictToArrayBijection, RaveledVars
 
-    _, inputs = _rows_op_of(fast)
+    _, inputs = rows_op_of(fast)
     q, layout = raveled_point(fast)
     op_inputs = fast.compile_fn(fast.replace_rvs_by_values(inputs), inputs=fast.value_vars,
                                 on_unused_input="ignore", point_fn=True)
@@ -178,7 +178,7 @@ def kernel_on_off(model, fast, args):
     off = _copy_without_kernel(model, args.batch)
     out = {}
     for k in (1, 4):
-        runs = [(_rows_op_of(c)[0].evaluator, _run_points(c, k)) for c in (fast, off)]
+        runs = [(rows_op_of(c)[0].evaluator, _run_points(c, k)) for c in (fast, off)]
         for ev, pts in runs:
             ev._run(pts)
         times = [[], []]

@@ -31,7 +31,7 @@ import time
 
 from _pymc_jax import jax_per_eval_rows
 from _pymc_models import build, evaluator, four_points
-from _pymc_per_eval import copy_per_eval, kernel_on_off, sizes_since
+from _pymc_per_eval import copy_per_eval, kernel_on_off, rows_op_of, sizes_since
 
 __all__ = ["numpyro_child", "sampling"]
 
@@ -46,13 +46,6 @@ NUMPYRO = ("numpyro", "numpyro vectorized", "numpyro sharded")
 #: {points per run: runs} per sampler, the per-evaluation timings (or None), and
 #: whether the copy is batched and in which dtype its split terms compute.
 CopyRuns = collections.namedtuple("CopyRuns", "samplers sizes per_eval batched dtype")
-
-
-def _rows_op_of(copy):
-    """``(op, inputs)``: the ``RowsLogp`` of a ``data_parallel`` copy and what it takes."""
-    from synkhronos.pymc._loo import rows_op_of
-
-    return rows_op_of(copy)
 
 
 def sampling(args):
@@ -139,7 +132,7 @@ def _copy_runs(args, model, parts):
     synk.fork(args.ranks[0] if args.gpu else None, use_gpu=args.gpu)
     try:
         fast = data_parallel(model, batch=args.batch)
-        op = _rows_op_of(fast)[0]
+        op = rows_op_of(fast)[0]
         batched, dtype = bool(op.evaluator.batched), op.dtype
         for name, part, run in (("pm.sample", "pymc", _pm_sample), ("nutpie", "nutpie", _nutpie)):
             if part not in parts:

@@ -186,7 +186,7 @@ def child_result(rates, setup_s, last_loss):
     return dict(images_per_s=median(rates), rates=rates, setup_s=setup_s, last_loss=last_loss)
 
 
-def _run_child(kind, n, argv, timeout):
+def _run_child(kind, n, argv, timeout, ranks_per_host=1):
     """One setting in its own processes: ``kind`` "synk", "ddp", or "synk_mpi"
     (Synkhronos on ``n`` MPI ranks launched by ``mpirun``, each its own host, so
     that Data, commands and NCCL take the cross-host paths)."""
@@ -194,7 +194,7 @@ def _run_child(kind, n, argv, timeout):
     env = None
     if kind == "synk_mpi":
         cmd[cmd.index("%s:%d" % (kind, n))] = "synk:%d" % n
-        cmd, env = mpirun_host_per_rank(n, cmd, ["--enable-recovery"], _ranks_per_host(argv))
+        cmd, env = mpirun_host_per_rank(n, cmd, ["--enable-recovery"], ranks_per_host)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -206,11 +206,6 @@ def _run_child(kind, n, argv, timeout):
         print("  %s on %d GPU(s) failed:\n%s" % (kind, n, out.stderr[-2000:]), flush=True)
         return None
     return json.loads(line[0][7:])
-
-
-def _ranks_per_host(argv):
-    """``--mpi-ranks-per-host`` as the parent was given it (the child's argv is the parent's)."""
-    return parse_args(argv).mpi_ranks_per_host
 
 
 def parse_args(argv=None):
@@ -302,7 +297,7 @@ def main(argv=None):
         # One MPI rank has no other host to reach: its figure would be the single-host one.
         mpi = ("synk_mpi",) if args.mpi and n > 1 else ()
         for kind in ("synk",) + mpi + peers:
-            results[(kind, n)] = _run_child(kind, n, passed, args.timeout)
+            results[(kind, n)] = _run_child(kind, n, passed, args.timeout, args.mpi_ranks_per_host)
     payload = make_payload(info, args, ns, results)
     records = payload["results"]
     cols = [("synk_images_per_s", "%.0f"), ("synk_efficiency", "%.3f"), ("ddp_images_per_s", "%.0f"),

@@ -153,3 +153,69 @@ def test_several_split_terms_stay_one_potential(session):
     assert split.observed_RVs == [] and [p.name for p in split.potentials] == ["synkhronos_rows"]
     point = {"a": np.array(0.3)}
     np.testing.assert_allclose(split.compile_logp()(point), model.compile_logp()(point), rtol=1e-9)
+
+
+# Each rank's rows come back inline up to 64 KiB (8,192 float64 values) and through shared memory
+# above: row counts on both sides of it at 2 ranks (16,384 rows: 8,192 each; 16,385: one rank
+# 8 bytes over), and 1 row (a rank with none).
+@pytest.mark.parametrize("n", [1, 16_384, 16_385, 40_001])
+def test_log_likelihood_per_row_across_the_inline_size(session, n):
+    model = logistic_with_dims(n)
+    split = data_parallel(model)
+    idata = draws(model, n=3)
+    ours = pm.compute_log_likelihood(idata, model=split, extend_inferencedata=False, progressbar=False)
+    theirs = pm.compute_log_likelihood(idata, model=model, extend_inferencedata=False, progressbar=False)
+    assert ours["y"].shape == (2, 3, n)
+    np.testing.assert_allclose(ours["y"].values, theirs["y"].values, rtol=1e-9)
+
+
+def test_log_likelihood_per_row_from_threads_at_once(session):
+    """Threads (a notebook's, a server's) asking for rows at once: each gets its own point's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = logistic_with_dims()
+    split = data_parallel(model)
+    (per_row,) = split.logp(vars=[split["y"]], sum=False)
+    theirs = model.compile_fn(model.logp(vars=[model["y"]], sum=False)[0], inputs=model.value_vars)
+    start = model.initial_point()
+    points = [{k: v + 0.05 * i for k, v in start.items()} for i in range(4)]
+    # Each thread its own compiled function, as each chain has, compiled here first: compiling
+    # in one thread while another makes the ranks' function per row is not safe yet (the note
+    # of issue 59 says what was seen).
+    fns = [split.compile_fn(per_row, inputs=split.value_vars) for _ in points]
+
+    def thread(i):
+        return [fns[i](points[i]) for _ in range(5)]
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(thread, range(len(points))))
+    for p, g in zip(points, got):
+        for values in g:
+            np.testing.assert_allclose(values, theirs(p), rtol=1e-9)
+
+
+def _per_row_in_child(fn, point, conn):
+    try:
+        fn(point)
+        conn.send("no error")
+    except Exception as exc:  # what the child saw, for the parent to check
+        conn.send("%s: %s" % (type(exc).__name__, exc))
+
+
+def test_log_likelihood_per_row_in_a_forked_process_says_where_it_runs(session):
+    """A process forked from the session's (as PyMC forks its chains) samples the
+    copy through this one, but asks for no rows: a clear error, not a hang."""
+    import multiprocessing as mp
+
+    model = logistic_with_dims()
+    split = data_parallel(model)
+    fn = split.compile_fn(split.logp(vars=[split["y"]], sum=False)[0], inputs=split.value_vars)
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_per_row_in_child, args=(fn, model.initial_point(), child))
+    proc.start()
+    assert parent.poll(60), "the forked process neither answered nor failed"
+    said = parent.recv()
+    proc.join(10)
+    assert said.startswith("RuntimeError"), said
+    assert "computed in the process that called data_parallel" in said, said

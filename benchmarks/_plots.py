@@ -43,6 +43,7 @@ from _plots_gpu import (
     plot_resnet50_scaling,
 )
 from _plots_pymc import plot_jax_batched_forms, plot_pymc_likelihood
+from _plots_timeline import plot_call_timeline
 
 __all__ = [
     "DPI",
@@ -51,6 +52,7 @@ __all__ = [
     "benchmark_name",
     "plot_bf16_loss_curve",
     "plot_call_overhead",
+    "plot_call_timeline",
     "plot_collectives",
     "plot_cpu_backends",
     "plot_cpu_scaling",
@@ -70,6 +72,7 @@ INSTALL_HINT = "pip install matplotlib"
 PLOTTERS = {
     "bf16_loss_curve": plot_bf16_loss_curve,
     "call_overhead": plot_call_overhead,
+    "call_timeline": plot_call_timeline,
     "collectives": plot_collectives,
     "cpu_backends": plot_cpu_backends,
     "cpu_scaling": plot_cpu_scaling,

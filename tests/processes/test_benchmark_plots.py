@@ -30,7 +30,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PIXELS = {"bf16_loss_curve": (1200, 500), "call_overhead": (1500, 500), "collectives": (1300, 550),
           "cpu_backends": (1300, 500), "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500),
           "mpi_collectives": (1500, 500), "resnet50_profile": (1300, 500), "resnet50_scaling": (1200, 500),
-          "soak": (1200, 500)}
+          "soak": (1200, 500), "call_timeline": (1300, 410)}  # call_timeline: one case
 ENV = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
 
 
@@ -98,6 +98,22 @@ def test_call_overhead_writes_png(tmp_path):
     assert {"sessions", "memory", "target_a"} <= set(payload)  # every panel had data
     assert 0 < payload["shm_round_trip_us_median"] and 0 < payload["pipe_round_trip_us_median"]
     _check_png(png, "call_overhead")
+
+
+def test_call_timeline_sees_every_process_and_writes_png(tmp_path):
+    out = str(tmp_path / "call_timeline.json")
+    proc = _run_ok(os.path.join(BENCH, "call_timeline.py"), "--ranks", "2", "--calls", "100",
+                   "--cases", "tiny", "--out", out)
+    assert str(tmp_path / "call_timeline.png") in proc.stdout
+    with open(out) as f:
+        payload = json.load(f)
+    (result,) = payload["results"]
+    steps = {(r["process"], r["what"]): r for r in result["rows"]}
+    # The probes ran in the master and in the worker it spawned, on one clock.
+    assert steps[("master", "call")]["start_us"] == 0 and result["calls"] == 100
+    worker = steps[("worker 1", "run_whole")]
+    assert 0 < worker["start_us"] < worker["end_us"] < steps[("master", "call")]["end_us"]
+    _check_png(str(tmp_path / "call_timeline.png"), "call_timeline")
 
 
 def test_soak_writes_png(tmp_path):

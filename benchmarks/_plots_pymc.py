@@ -11,7 +11,7 @@ is imported inside the functions; no pyplot.
 
 from _plot_common import DPI
 
-__all__ = ["plot_jax_batched_forms", "plot_pymc_likelihood"]
+__all__ = ["plot_jax_batched_forms", "plot_pymc_likelihood", "plot_pymc_loo"]
 
 
 def _figure(nrows, ncols, size):
@@ -149,4 +149,41 @@ def plot_jax_batched_forms(payload, png):
            title="logistic log-density and gradient, %g x %d float64 rows, %s (jax %s)"
            % (payload["rows"], payload["features"], payload["device"], payload["jax"]))
     ax.legend(fontsize=8)
+    return _save(fig, png)
+
+
+# ------------------------------------------------------------------ pymc_loo
+def plot_pymc_loo(payload, png):
+    """Seconds per row count: ``loo`` on the copy (first call, again) beside the
+    original's ``pm.compute_log_likelihood`` + ``az.loo`` where it ran.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``pymc_loo.py`` wrote: ``records`` (per row count) and ``machine``.
+    png : str
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    records = payload.get("records") or []
+    if not records:
+        raise ValueError("pymc_loo payload has no records to plot")
+    fig, axes = _figure(1, 1, (8.0, 4.5))
+    ax = axes[0, 0]
+    labels = ["%.0e rows x %d draws" % (r["rows"], r["draws"]) for r in records]
+    original = [r["original_loglik_s"] + r["original_az_loo_s"] if "original_az_loo_s" in r else None
+                for r in records]
+    series = [("loo on the copy, first call", [r["loo_first_s"] for r in records]),
+              ("loo on the copy, again", [r["loo_again_s"] for r in records])]
+    if any(v is not None for v in original):
+        series.append(("original: compute_log_likelihood + az.loo", original))
+    _bars(ax, labels, series)
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds")
+    m = payload.get("machine") or {}
+    where = "%s x%s" % (m.get("gpu_name"), m.get("gpus")) if payload.get("gpu") else m.get("cpu_model")
+    ax.set_title("PSIS-LOO, %s ranks (%s), float64" % (m.get("ranks"), where), fontsize=10)
     return _save(fig, png)

@@ -8,8 +8,9 @@ Two Synkhronos functions, called one after the other for each block:
   the block of each rank's rows that ``batch_s`` selects, kept on the rank in
   a shared variable, one row per row and one column per draw (``update``);
   compiled as the ranks compile by default (JAX);
-- ``smooth``: ArviZ's PSIS of each row of that (``_psis``), which returns
-  each row's ``elpd_loo``, ``p_loo`` and Pareto k.
+- ``smooth``: the PSIS of each row of that (``_psis``: ArviZ's numbers, on
+  the GPU on GPU ranks), which returns each row's ``elpd_loo``, ``p_loo`` and
+  Pareto k.
 
 Why two: under JAX a CPU rank's ``jax.pure_callback`` waited forever for its
 own input once the block reached a few MB (JAX 0.10: the copy of the input
@@ -17,8 +18,9 @@ queued behind the computation that waits for the callback), and PyTensor's
 Python linker, which runs the Op as it is, computes a log-density a hundred
 times slower than JAX (``softplus`` one element at a time).  So ``smooth``
 runs with the Python linker on CPU ranks and with JAX on GPU ranks, their only
-linker, where the callback's input comes from the GPU and nothing on the
-host's queue waits for it.
+linker, where the block is smoothed on the GPU and a callback takes only a
+block's odd rows to ArviZ (its input comes from the GPU: nothing on the host's
+queue waits for it).
 """
 
 import numpy as np

@@ -17,10 +17,12 @@ Both are computed for the whole block at once by ``_psis_block`` under the
 installed ArviZ's rules (the same numbers, several times as fast as ArviZ row
 by row), which leaves its odd rows to ArviZ's own function.
 
-The Op runs numpy, in Python: ``perform`` under PyTensor's Python linker (CPU
-ranks, see ``_loo_ranks``), and on GPU ranks, which compile with JAX only, a
-``jax.pure_callback`` of the same function (the block comes to the host for
-it).  This module registers the JAX form when it is imported, which is also
+The Op runs numpy, in Python, under PyTensor's Python linker (``perform``, CPU
+ranks, see ``_loo_ranks``).  On GPU ranks, which compile with JAX only, the
+rows are smoothed on the device in float64 sessions (``_psis_jax``, the same
+steps as ``_psis_block``), with ArviZ's function for the odd rows in a
+callback; in float32 sessions a ``jax.pure_callback`` of the numpy function
+takes the whole block to the host.  This module registers the JAX form when it is imported, which is also
 where a rank unpickles the Op.
 """
 
@@ -114,16 +116,59 @@ class PointwiseLoo(Op):
 
 
 def _jax_form(op, node=None, **kwargs):
-    """``PointwiseLoo`` under JAX: the same numpy function as a callback."""
+    """``PointwiseLoo`` under JAX.  In 64-bit mode (float64 sessions) the rows
+    are smoothed on the device (``_psis_jax``), and only a block with rows that
+    the device leaves to ArviZ goes to the host, in a callback that computes
+    those rows; in 32-bit mode the whole block goes to the numpy function in a
+    callback, which computes in float64 as ArviZ does."""
     import jax
 
     dtype = node.outputs[0].dtype if node is not None else None
 
     def pointwise(loglik, reff, chains):
         spec = jax.ShapeDtypeStruct(loglik.shape[:-1], dtype or loglik.dtype)
-        return jax.pure_callback(pointwise_loo, (spec, spec, spec), loglik, reff, chains)
+        if not jax.config.jax_enable_x64 or loglik.shape[-1] < 2:
+            return jax.pure_callback(pointwise_loo, (spec, spec, spec), loglik, reff, chains)
+        return _on_device(loglik, reff, chains, spec)
 
     return pointwise
+
+
+def _on_device(loglik, reff, chains, spec):
+    """``pointwise_loo`` of a JAX block, smoothed on its device (see ``_jax_form``)."""
+    import jax
+    import jax.numpy as jnp
+
+    from ._psis_jax import smoothed_loo as on_device
+
+    shape, n_draws = loglik.shape[:-1], loglik.shape[-1]
+    rows = loglik.reshape(-1, n_draws).astype(jnp.float64)
+    elpd, p_loo, k, done = on_device(rows, reff, 1 if arviz_major() else 0)
+    flat = jax.ShapeDtypeStruct(elpd.shape, jnp.float64)
+
+    def with_arviz(values):
+        return jax.pure_callback(_rest_by_arviz, (flat, flat, flat), rows, reff, chains, done, *values)
+
+    values = jax.lax.cond(jnp.all(done), lambda v: v, with_arviz, (elpd, p_loo, k))
+    return tuple(v.reshape(shape).astype(spec.dtype) for v in values)
+
+
+def _rest_by_arviz(rows, reff, chains, done, *values):
+    """``values`` (``elpd_i``, ``p_loo_i``, ``k_i``) with the rows not ``done``
+    computed by the installed ArviZ's own PSIS."""
+    values = [np.array(v, dtype=np.float64) for v in values]
+    rest = np.flatnonzero(~np.asarray(done))
+    if rest.size:
+        left = np.ascontiguousarray(np.asarray(rows, dtype=np.float64)[rest])
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            if arviz_major() == 0:
+                found = arviz_rows(left, float(reff))
+            else:
+                found = arviz_stats_rows(left, float(reff), chains)
+        for v, f in zip(values, found):
+            v[rest] = f
+    return tuple(values)
 
 
 try:

@@ -1,6 +1,6 @@
 """synkhronos.pymc.loo on GPU ranks (every visible GPU): each rank's rows at
-every draw on its GPU, their PSIS a JAX callback to the host, every value
-az.loo's on the original model."""
+every draw on its GPU, smoothed there (``_psis_jax``), every value az.loo's on
+the original model."""
 
 import pytest
 

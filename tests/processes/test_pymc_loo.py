@@ -224,6 +224,27 @@ def test_draws_in_a_loop_where_not_vectorized(monkeypatch):
     np.testing.assert_allclose(vectorized, -((x_val @ draws.get_value().T) ** 2).T, rtol=1e-12)
 
 
+def test_benchmark_runs_at_its_smallest_and_equals_az_loo(tmp_path):
+    """benchmarks/pymc_loo.py: loo on the copy against the original's
+    compute_log_likelihood + az.loo on the same posterior, JSON and PNG."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "loo.json"
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "pymc_loo.py"), "--rows", "3000",
+                           "--draws", "100", "--chains", "2", "--ranks", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (record,) = json.loads(out.read_text())["records"]
+    assert record["rows"] == 3000 and record["draws"] == 200
+    assert record["max_rel_diff_totals"] < 1e-6 and record["max_rel_diff_k"] < 1e-6
+    assert record["loo_first_s"] > 0 and record["original_az_loo_s"] > 0
+    assert (tmp_path / "loo.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_closed_session_is_named(logistic_case):
     _, copy, idata = logistic_case
     synk.close()

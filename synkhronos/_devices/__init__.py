@@ -74,7 +74,10 @@ def _worker_device(use_gpu, cluster):
     if cluster is not None:
         from . import cpu_mpi
 
-        return cpu_mpi.MpiCpuDevice(lambda: cluster.comm)
-    from . import cpu
+        device = cpu_mpi.MpiCpuDevice(lambda: cluster.comm)
+    else:
+        from . import cpu
 
-    return cpu.CpuDevice()
+        device = cpu.CpuDevice()
+    device.worker = True
+    return device

@@ -158,17 +158,19 @@ def worker_jax_cores(config, cluster):
     return core_share(cluster.node_index, thread_share(here, chosen), None if chosen is not None else here)
 
 
-def start_jax_pool(cores):
+def start_jax_pool(cores, cpu_only=False):
     """Start JAX's CPU backend with its thread pool on ``cores`` only.
 
     XLA sizes that pool, once, by the cores the process may use, and its threads
     keep the cores they were created on.  With every rank's pool on every core,
     the ranks' threads would crowd the same cores and slow small steps several
     times over (see the docs page "CPU workers"); this process itself keeps all
-    its cores.  Returns whether it started
-    the backend: not when ``cores`` is None or the backend already runs."""
-    if cores is None:
-        return False
+    its cores.  ``cpu_only`` (a CPU worker): JAX starts no other backend, unless
+    the user chose its platforms (``JAX_PLATFORMS``): with JAX's CUDA plugin
+    installed, every CPU worker would start a GPU backend too, taking GPU
+    memory, or failing where a GPU admits one process (exclusive compute mode).
+    Returns whether it started the backend: not when ``cores`` is None or the
+    backend already runs."""
     try:  # JAX has no public question for this; without it, leave the backend be
         from jax._src.xla_bridge import backends_are_initialized
     except ImportError:
@@ -177,6 +179,10 @@ def start_jax_pool(cores):
         return False
     import jax
 
+    if cpu_only and not os.environ.get("JAX_PLATFORMS") and not jax.config.jax_platforms:
+        jax.config.update("jax_platforms", "cpu")
+    if cores is None:
+        return False
     everything = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cores)
     try:
@@ -207,6 +213,7 @@ class CpuDevice(Device):
     jax_cores = None  # the cores of this rank's JAX thread pool (see start_jax_pool)
     _restore_threads = None  # undoes the master's thread limits at close
     jax_default = False  # functions that name no mode compile with JAX (jax_by_default)
+    worker = False  # a worker's device: its JAX starts the CPU backend only (start_jax_pool)
 
     @property
     def status(self):
@@ -276,7 +283,7 @@ class CpuDevice(Device):
         persistent cache, so that later runs load the compiled code."""
         if self.jax_default:
             _use_jax_cache()
-        start_jax_pool(self.jax_cores)
+        start_jax_pool(self.jax_cores, cpu_only=self.worker)
 
     def worker_env(self, rank, n_parallel):
         """Environment of worker ``rank``: its share of the threads, read by

@@ -248,3 +248,27 @@ def test_a_workers_busy_threads_run_on_its_share_only(no_thread_vars):
     for threads in busy:
         assert len(threads) <= 2 * share, threads
         assert all(len(cores) == share for _, _, cores in threads), threads
+
+
+_PLATFORMS = """
+import os, sys
+from synkhronos._devices.cpu import start_jax_pool
+start_jax_pool(None, cpu_only=sys.argv[1] == "worker")
+import jax
+print(jax.config.jax_platforms, os.environ.get("JAX_PLATFORMS"))
+"""
+
+
+@pytest.mark.parametrize("role, preset, want", [("worker", None, "cpu None"), ("master", None, "None None"),
+                                                ("worker", "cpu,cuda", "cpu,cuda cpu,cuda")])
+def test_a_cpu_worker_starts_only_jax_cpu_backend_unless_the_user_chose(role, preset, want):
+    """A CPU worker's JAX starts no GPU backend (with JAX's CUDA plugin on a GPU
+    machine, every worker would otherwise take GPU memory, or fail where a GPU
+    admits one process); the master's JAX, and platforms the user chose, stay."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if preset:
+        env["JAX_PLATFORMS"] = preset
+    proc = subprocess.run([sys.executable, "-c", _PLATFORMS, role], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[-2] == want

@@ -36,6 +36,7 @@ from pytensor.scalar.basic import GE, LE, Add, Exp, Switch
 from pytensor.scalar.math import Sigmoid
 from pytensor.tensor import cast, eq, invert, isnan, prod, squeeze, switch
 from pytensor.tensor.basic import Alloc, alloc
+from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce, Elemwise
 
 from .._graph.editing import continuous, rewritten, scalar_constant
@@ -104,11 +105,12 @@ def _batched(params, single, total, check_bounds):
     stacked = [pt.TensorType(p.dtype, shape=(None,) + p.type.shape)(name=p.name) for p in params]
     replace = dict(zip(params, stacked))
     try:
-        outputs = vectorize_graph(single, replace=replace)
+        outputs = rewritten(vectorize_graph(single, replace=replace), unlooped_views)
         if _looped(outputs):
             outputs = _core_products(outputs)
         if _looped(outputs):
-            outputs = _differentiated(vectorize_graph(total, replace=replace), params, stacked, check_bounds)
+            (batched,) = rewritten([vectorize_graph(total, replace=replace)], unlooped_views)
+            outputs = _differentiated(batched, params, stacked, check_bounds)
     except Exception as exc:
         why = "%s: %s" % (type(exc).__name__, exc)
     else:
@@ -156,6 +158,19 @@ def _looped(outputs):
     from pytensor.tensor.blockwise import Blockwise
 
     return sorted({str(n.op.core_op) for n in apply_ancestors(outputs) if isinstance(n.op, Blockwise)})
+
+
+@node_rewriter([Blockwise])
+def unlooped_views(fgraph, node):
+    """A Blockwise of ``ViewOp`` as its input: ``ViewOp`` (what PyMC leaves of a
+    ``pm.Deterministic`` in a log-density) is an identity, which PyTensor gives
+    no batched form, so a model with a deterministic in its likelihood was
+    evaluated one point at a time."""
+    from pytensor.compile.ops import ViewOp
+
+    if not isinstance(node.op.core_op, ViewOp):
+        return None
+    return [node.outputs[0].type.filter_variable(node.inputs[0])]
 
 
 # ------------------------------------------------------------ the batched checks

@@ -169,8 +169,23 @@ def rows_of_three():
     return m
 
 
+def deterministics():
+    """Deterministics of the parameters in the likelihood, as pymc-marketing's
+    BetaGeo model has them (PyMC leaves each a ViewOp in the log-density)."""
+    rng = _rng(19)
+    x = rng.standard_normal(N)
+    y = 1 + 2 * x + 0.5 * rng.standard_normal(N)
+    with pm.Model() as m:
+        b = pm.Normal("b", 0, 5, shape=2)
+        s = pm.HalfNormal("s", 2)
+        slope = pm.Deterministic("slope", b[1] * 1.0)
+        scale = pm.Deterministic("scale", s * 2.0)
+        pm.Normal("y", b[0] + slope * pm.Data("x", x), scale, observed=y)
+    return m
+
+
 MODELS = [varying_slopes, robust, zero_inflated, multinomial_logit, gamma_glm, binomial_trials, mvnormal,
-          censored, potential, normal, two_likelihoods, rows_of_three]
+          censored, potential, normal, two_likelihoods, rows_of_three, deterministics]
 
 
 # Graphs with an Op that PyTensor cannot give a leading axis of points: one point at a time.

@@ -22,8 +22,8 @@ ranks, see ``_loo_ranks``).  On GPU ranks, which compile with JAX only, the
 rows are smoothed on the device in float64 sessions (``_psis_jax``, the same
 steps as ``_psis_block``), with ArviZ's function for the odd rows in a
 callback; in float32 sessions a ``jax.pure_callback`` of the numpy function
-takes the whole block to the host.  This module registers the JAX form when it is imported, which is also
-where a rank unpickles the Op.
+takes the whole block to the host.  This module registers the JAX form when it
+is imported, which is also where a rank unpickles the Op.
 """
 
 import warnings
@@ -57,11 +57,17 @@ def pointwise_loo(loglik, reff, chains):
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         # ArviZ warns of poor fits per row; loo warns once, in the master, from every k.
         warnings.simplefilter("ignore")
-        if arviz_major() == 0:
-            elpd, p, k = smoothed_loo(rows, reff, lambda left: arviz_rows(left, reff), rules=0)
-        else:
-            elpd, p, k = smoothed_loo(rows, reff, lambda left: arviz_stats_rows(left, reff, chains), rules=1)
+        elpd, p, k = smoothed_loo(rows, reff, lambda left: _by_arviz(left, reff, chains),
+                                  rules=min(arviz_major(), 1))
     return tuple(np.asarray(x, dtype=loglik.dtype).reshape(shape) for x in (elpd, p, k))
+
+
+def _by_arviz(rows, reff, chains):
+    """``(elpd_i, p_loo_i, k_i)`` of ``rows`` by the installed ArviZ's own PSIS,
+    one row at a time (``arviz_rows`` or ``arviz_stats_rows``)."""
+    if arviz_major() == 0:
+        return arviz_rows(rows, reff)
+    return arviz_stats_rows(rows, reff, chains)
 
 
 def arviz_rows(rows, reff):
@@ -143,7 +149,7 @@ def _on_device(loglik, reff, chains, spec):
 
     shape, n_draws = loglik.shape[:-1], loglik.shape[-1]
     rows = loglik.reshape(-1, n_draws).astype(jnp.float64)
-    elpd, p_loo, k, done = on_device(rows, reff, 1 if arviz_major() else 0)
+    elpd, p_loo, k, done = on_device(rows, reff, min(arviz_major(), 1))
     flat = jax.ShapeDtypeStruct(elpd.shape, jnp.float64)
 
     def with_arviz(values):
@@ -162,10 +168,7 @@ def _rest_by_arviz(rows, reff, chains, done, *values):
         left = np.ascontiguousarray(np.asarray(rows, dtype=np.float64)[rest])
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            if arviz_major() == 0:
-                found = arviz_rows(left, float(reff))
-            else:
-                found = arviz_stats_rows(left, float(reff), chains)
+            found = _by_arviz(left, float(reff), chains)
         for v, f in zip(values, found):
             v[rest] = f
     return tuple(values)

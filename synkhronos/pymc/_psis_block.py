@@ -134,18 +134,20 @@ def _fit_tail(excess):
     return (n * shape + _PRIOR_K * 0.5) / (n + _PRIOR_K), scale
 
 
-def _tail_values(quantiles, shape, scale):
-    """The generalized Pareto quantiles ``quantiles`` of each row's shape and scale."""
-    tiny = np.abs(shape) < np.finfo(float).eps
-    safe = np.where(tiny, 1.0, shape)
-    general = np.expm1(-safe[:, None] * np.log1p(-quantiles)[None, :]) / safe[:, None]
-    values = np.where(tiny[:, None], -np.log1p(-quantiles)[None, :], general)
+def _tail_values(quantiles, shape, scale, xp=np):
+    """The generalized Pareto quantiles ``quantiles`` of each row's shape and
+    scale; ``xp``: numpy, or ``jax.numpy`` (``_psis_jax``)."""
+    tiny = xp.abs(shape) < np.finfo(float).eps
+    safe = xp.where(tiny, 1.0, shape)
+    general = xp.expm1(-safe[:, None] * xp.log1p(-quantiles)[None, :]) / safe[:, None]
+    values = xp.where(tiny[:, None], -xp.log1p(-quantiles)[None, :], general)
     return values * scale[:, None]
 
 
-def _logsumexp(a):
-    """Log-sum-exp of each row of ``a``.  Not scipy's: with its checks it took
-    twice as long on a block, and this runs over every draw of every row."""
+def _logsumexp(a, xp=np):
+    """Log-sum-exp of each row of ``a`` (``xp`` as for ``_tail_values``).  Not
+    scipy's: with its checks it took twice as long on a block, and this runs
+    over every draw of every row."""
     top = a.max(axis=1)
-    top = np.where(np.isfinite(top), top, 0.0)
-    return top + np.log(np.exp(a - top[:, None]).sum(axis=1))
+    top = xp.where(xp.isfinite(top), top, 0.0)
+    return top + xp.log(xp.exp(a - top[:, None]).sum(axis=1))

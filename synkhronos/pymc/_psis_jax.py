@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from ._psis_block import _logsumexp, _tail_values
+
 __all__ = ["longest_tail", "smoothed_loo"]
 
 _PRIOR_BS = 3  # as _psis_block: the fit's scale of the prior on its grid
@@ -70,13 +72,13 @@ def smoothed_loo(loglik, reff, rules=0):
     if rules == 1:  # no fit where the first quartile is the minimum
         fits &= jnp.take(excess, quartile_at, axis=1) > excess[:, 0]
     quantiles = (j + 0.5) / tf
-    smoothed = jnp.minimum(jnp.log(_tail_values(jnp, quantiles, shape, scale) + exp_cut[:, None]), 0.0)
+    smoothed = jnp.minimum(jnp.log(_tail_values(quantiles, shape, scale, jnp) + exp_cut[:, None]), 0.0)
     body = jnp.where(x <= cutoff[:, None], jnp.exp(x), 0.0).sum(axis=1)
     norm = jnp.log(body + jnp.where(valid, jnp.exp(smoothed), 0.0).sum(axis=1))
     body_term = jnp.log(n_draws - tf) - top
     tail_terms = jnp.where(valid, smoothed - tails - top[:, None], -jnp.inf)
-    elpd = _logsumexp(jnp, jnp.concatenate([body_term[:, None], tail_terms], axis=1)) - norm
-    lppd = _logsumexp(jnp, loglik) - np.log(n_draws)
+    elpd = _logsumexp(jnp.concatenate([body_term[:, None], tail_terms], axis=1), jnp) - norm
+    lppd = _logsumexp(loglik, jnp) - np.log(n_draws)
     done = usable & clean & fits
     return elpd, lppd - elpd, shape, done
 
@@ -105,19 +107,3 @@ def _fit_tail(jax, jnp, excess, valid, at, n, quartile_at, longest):
     shape = jnp.where(valid, jnp.log1p(-b_post[:, None] * excess), 0.0).sum(axis=1) / n
     scale = -shape / b_post
     return (n * shape + _PRIOR_K * 0.5) / (n + _PRIOR_K), scale
-
-
-def _tail_values(jnp, quantiles, shape, scale):
-    """``_psis_block._tail_values``: generalized Pareto quantiles per row."""
-    tiny = jnp.abs(shape) < np.finfo(float).eps
-    safe = jnp.where(tiny, 1.0, shape)
-    general = jnp.expm1(-safe[:, None] * jnp.log1p(-quantiles)[None, :]) / safe[:, None]
-    values = jnp.where(tiny[:, None], -jnp.log1p(-quantiles)[None, :], general)
-    return values * scale[:, None]
-
-
-def _logsumexp(jnp, a):
-    """``_psis_block._logsumexp``: log-sum-exp of each row."""
-    top = a.max(axis=1)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    return top + jnp.log(jnp.exp(a - top[:, None]).sum(axis=1))

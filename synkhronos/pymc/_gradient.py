@@ -59,7 +59,8 @@ def stabilized(var):
 
 def gradient(total, wrt):
     """The gradient of ``total`` (summed first where it holds one value per
-    point) with respect to each of ``wrt``, taken as PyMC takes its own: of the
+    point) with respect to each of ``wrt`` (zero where it does not depend on
+    one: one term of several may not), taken as PyMC takes its own: of the
     log-density stabilized first (log(sigmoid(x)) as -softplus(-x), say, and
     ``log1p_minus_sigmoid``), or it differs at saturating points.  (The
     rewrites work in place: on a copy, so that ``total`` stays PyMC's graph.)"""
@@ -69,7 +70,8 @@ def gradient(total, wrt):
 
     if not wrt:
         return []
-    return pytensor.grad(stabilized(rewrite_pregrad(clone_replace(total))).sum(), wrt)
+    return pytensor.grad(stabilized(rewrite_pregrad(clone_replace(total))).sum(), wrt,
+                         disconnected_inputs="ignore")
 
 
 def parameter_checks(outputs, check_bounds):

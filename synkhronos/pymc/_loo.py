@@ -135,7 +135,7 @@ def rows_op_of(model):
 
     for rv in model.observed_RVs:
         if rv.owner is not None and isinstance(rv.owner.op, SplitObserved):
-            return rv.owner.op.rows_op, rv.owner.inputs[2:]
+            return rv.owner.op.rows_op, rv.owner.inputs[1:-1]
     for v in ancestors(list(model.potentials)):
         if v.owner is not None and isinstance(v.owner.op, RowsLogp):
             return v.owner.op, v.owner.inputs

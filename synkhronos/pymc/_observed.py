@@ -1,24 +1,25 @@
-"""A copy's split observed variable as PyMC sees it: still an observed
-variable, drawn with the original's graph, its log-density computed on the
+"""A copy's split observed variables as PyMC sees them: still observed
+variables, drawn with the original's graph, their log-densities computed on the
 ranks.
 
-Where one observed variable is split (and no potential over the rows), the
-copy keeps it, named and with its dims as in the original, so that PyMC's
-functions that read observed variables work on the copy:
+Each split observed variable of the copy stays one, named and with its dims
+as in the original, so that PyMC's functions that read observed variables work
+on the copy:
 
-- ``SplitObserved(rows_op)(rv, value, *inputs)`` stands where PyMC expects the
-  variable's random variable: forward it is ``rv`` itself (the original's graph
-  in this process), so ``pm.sample_prior_predictive`` and
+- ``SplitObserved(rows_op, term)(value, *inputs, rv)`` stands where PyMC
+  expects the variable's random variable: forward it is ``rv`` itself (the
+  original's graph in this process), so ``pm.sample_prior_predictive`` and
   ``pm.sample_posterior_predictive`` draw it as they draw it on the original,
   the same numbers under the same seed; its log-density (PyMC's ``_logprob``)
-  is ``RowsPointwise``;
-- ``RowsPointwise(rows_op)(*inputs)``: the variable's log-density per row,
+  is output ``term`` of ``RowsPointwise``;
+- ``RowsPointwise(rows_op)(*inputs)``: every split term's log-density per row,
   each rank computing its own rows and this process gathering them, which is
   what ``pm.compute_log_likelihood`` reads.  Summed, as every log-density of
   the model is (``model.logp()``), a rewrite (``sum_of_rows``, in every mode)
-  makes it the copy's ``RowsLogp``: one call of the ranks that returns the sum
-  and its gradient, as the copy's potential did; its gradient under a sum (one
-  weight for every row) is the ``RowsLogp``'s too.
+  makes each term's sum the copy's ``RowsLogp``'s: one call of the ranks that
+  returns every term's sum and gradient, as the copy's potential did; its
+  gradient under a sum (one weight for every row of a term) is the
+  ``RowsLogp``'s too, term by term.
 
 ``inputs`` are the ``RowsLogp``'s (free variables and data without rows);
 ``rows_op`` is the copy's ``RowsLogp``, whose ``pointwise`` graphs
@@ -43,39 +44,47 @@ _BUILDING = threading.Lock()  # two threads' first per-row call: one function
 _REGISTERED = []
 
 
-def split_observed(rows_op, rv, value, inputs):
+def split_observed(rows_op, term, rv, value, inputs):
     """The variable that stands for split observed variable ``rv`` (observed
-    ``value``) in a copy whose ``RowsLogp`` is ``rows_op`` of ``inputs``."""
+    ``value``), the ``term``-th split term of a copy whose ``RowsLogp`` is
+    ``rows_op`` of ``inputs``."""
     register_observed()
-    out = SplitObserved(rows_op)(rv, value, *inputs)
+    out = SplitObserved(rows_op, term)(value, *inputs, rv)
     out.name = rv.name
     return out
 
 
 class SplitObserved(MeasurableOp, Op):
-    """``rv`` forward; the log-density of its rows, on the ranks (``RowsPointwise``)."""
+    """``rv`` forward; the log-density of its rows, on the ranks (output
+    ``term`` of ``RowsPointwise``).
 
-    __props__ = ("rows_op",)
-    view_map = {0: [0]}
+    ``rv`` comes last: PyMC seeds the generators of a forward draw in the
+    order a right-first walk of the graph finds them, which then finds those
+    of ``rv``'s graph in the original's order, and the draws are the
+    original's under one seed."""
 
-    def __init__(self, rows_op):
+    __props__ = ("rows_op", "term")
+
+    def __init__(self, rows_op, term=0):
         self.rows_op = rows_op
+        self.term = term
+        self.view_map = {0: [1 + len(rows_op.continuous)]}
 
-    def make_node(self, rv, value, *inputs):
+    def make_node(self, value, *inputs):
         import pytensor.tensor as pt
 
-        rv, value = pt.as_tensor_variable(rv), pt.as_tensor_variable(value)
-        return Apply(self, [rv, value] + [pt.as_tensor_variable(x) for x in inputs], [rv.type()])
+        *inputs, rv = [pt.as_tensor_variable(x) for x in (value,) + inputs]
+        return Apply(self, inputs + [rv], [rv.type()])
 
     def perform(self, node, inputs, output_storage):
-        output_storage[0][0] = inputs[0]
+        output_storage[0][0] = inputs[-1]
 
     def __str__(self):
-        return "SplitObserved{%s}" % self.rows_op.names
+        return "SplitObserved{%s, %d}" % (self.rows_op.names, self.term)
 
 
 class RowsPointwise(Op):
-    """The split variable's log-density, one value per row, gathered from the ranks."""
+    """Each split term's log-density, one value per row, gathered from the ranks."""
 
     __props__ = ("rows_op",)
 
@@ -85,38 +94,34 @@ class RowsPointwise(Op):
     def make_node(self, *inputs):
         import pytensor.tensor as pt
 
-        (logp,) = self.rows_op.pointwise.logps if self.rows_op.pointwise is not None else (None,)
-        ndim, dtype = (1, self.rows_op.dtype) if logp is None else (logp.ndim, logp.dtype)
-        out = pt.TensorType(dtype, shape=(None,) * ndim)()
-        return Apply(self, [pt.as_tensor_variable(x) for x in inputs], [out])
+        terms = self.rows_op.pointwise
+        logps = terms.logps if terms is not None else [None] * self.rows_op.n_terms
+        outputs = [pt.TensorType(self.rows_op.dtype if lp is None else lp.dtype,
+                                 shape=(None,) * (1 if lp is None else lp.ndim))() for lp in logps]
+        return Apply(self, [pt.as_tensor_variable(x) for x in inputs], outputs)
 
     def perform(self, node, inputs, output_storage):
-        output_storage[0][0] = np.asarray(_per_row(self.rows_op, inputs), dtype=node.outputs[0].dtype)
+        for store, values, out in zip(output_storage, _per_row(self.rows_op, inputs), node.outputs):
+            store[0] = np.asarray(values, dtype=out.dtype)
 
     def L_op(self, inputs, outputs, output_grads):
         # PyTensor 2.x (PyMC 5) asks L_op; PyTensor 3.3 asks pullback.
         return self.pullback(inputs, outputs, output_grads)
 
     def pullback(self, inputs, outputs, output_grads):
-        """Under a sum (the same weight ``c`` on every row, as in the model's
-        log-density): ``c`` times the ``RowsLogp``'s gradient."""
-        from pytensor.gradient import grad_not_implemented
+        """Under a sum of each term (the same weight ``c`` on every row of a
+        term, as in the model's log-density): the sum of each ``c`` times that
+        term's gradient, from the ``RowsLogp``."""
+        from pytensor.gradient import DisconnectedType, grad_not_implemented
 
-        c = _one_weight(output_grads[0])
-        if c is None:
+        weights = [(t, g, _one_weight(g)) for t, g in enumerate(output_grads)
+                   if not isinstance(g.type, DisconnectedType)]
+        if any(c is None for _, _, c in weights):
             return [grad_not_implemented(self, i, x, "a gradient of the rows' log-densities weighted row by "
                                                       "row (only their sum has one)")
                     for i, x in enumerate(inputs)]
-        results = self.rows_op(*inputs)
-        grads, k = [], 1
-        for i, (x, continuous) in enumerate(zip(inputs, self.rows_op.continuous)):
-            if continuous:
-                grads.append((c * results[k]).astype(x.dtype))
-                k += 1
-            else:
-                grads.append(grad_not_implemented(self, i, x, "data and discrete variables have no "
-                                                             "gradient here"))
-        return grads
+        node = self.rows_op.make_node(*inputs)
+        return self.rows_op.weighted_gradient(inputs, node.outputs, [(t, c) for t, _, c in weights])
 
     def __str__(self):
         return "RowsPointwise{%s}" % self.rows_op.names
@@ -144,8 +149,8 @@ def _one_weight(g):
 
 
 def _per_row(rows_op, inputs):
-    """The rows' log-densities at ``inputs``: each rank computes its own, in
-    the order of the rows."""
+    """Each term's rows' log-densities at ``inputs``: each rank computes its
+    own, in the order of the rows."""
     ev = rows_op.evaluator
     if rows_op.pointwise is None or ev is None or ev.rt.foreign:
         raise RuntimeError("the log-density per row of %s is computed in the process that called "
@@ -162,12 +167,12 @@ def _per_row(rows_op, inputs):
                 d.data[...] = x
             else:
                 d.set_value(x)
-        (per_rank,) = fn(*datas)  # one output, not reduced: one array per rank
-    return np.concatenate([np.asarray(p) for p in per_rank])
+        per_term = fn(*datas)  # outputs not reduced: one array per rank each
+    return [np.concatenate([np.asarray(p) for p in per_rank]) for per_rank in per_term]
 
 
 def _function_of(rows_op):
-    """``(fn, datas)``: the Synkhronos function of the split term per row
+    """``(fn, datas)``: the Synkhronos function of the split terms per row
     (made and sent to the ranks at its first use, on the rows they already
     hold) and a ``synkhronos.Data`` to broadcast each input from."""
     with _BUILDING:
@@ -175,9 +180,9 @@ def _function_of(rows_op):
             from pytensor.graph.replace import clone_replace
 
             terms = rows_op.pointwise
-            (logp,) = parameter_checks(clone_replace(list(terms.logps)), rows_op.check_bounds)
+            logps = parameter_checks(clone_replace(list(terms.logps)), rows_op.check_bounds)
             inputs = terms.params + terms.data
-            fn = _function.function([], [(logp, None)], bcast_inputs=inputs,
+            fn = _function.function([], [(lp, None) for lp in logps], bcast_inputs=inputs,
                                     name="pymc rows of %s, per row" % (terms.names,))
             _api.distribute()
             datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in inputs]
@@ -186,7 +191,7 @@ def _function_of(rows_op):
 
 
 def sum_of_rows(fgraph, node):
-    """``sum(RowsPointwise(*inputs))`` -> ``RowsLogp(*inputs)[0]``: the
+    """``sum(RowsPointwise(*inputs)[t])`` -> ``RowsLogp(*inputs)[t]``: the
     ranks sum their own rows."""
     from pytensor.tensor.math import Sum
 
@@ -197,7 +202,8 @@ def sum_of_rows(fgraph, node):
         return None
     if node.op.axis is not None and sorted(node.op.axis) != list(range(x.ndim)):
         return None
-    total = x.owner.op.rows_op(*x.owner.inputs)[0]
+    term = x.owner.outputs.index(x)
+    total = x.owner.op.rows_op.make_node(*x.owner.inputs).outputs[term]
     return [total.astype(node.outputs[0].dtype)]
 
 
@@ -215,8 +221,8 @@ def register_observed():
     _REGISTERED.append(True)
 
     @_logprob.register(SplitObserved)
-    def _rows_logp(op, values, rv, value, *inputs, **kwargs):
-        return RowsPointwise(op.rows_op)(*inputs)
+    def _rows_logp(op, values, value, *inputs, **kwargs):
+        return RowsPointwise(op.rows_op).make_node(*inputs[:-1]).outputs[op.term]
 
     from pytensor.compile import optdb
     from pytensor.graph.rewriting.basic import in2out, node_rewriter
@@ -232,8 +238,8 @@ def _register_backends():
 
     @jax_funcify.register(SplitObserved)
     def _forward(op, **kwargs):
-        def split_observed(rv, value, *inputs):
-            return rv
+        def split_observed(*inputs):
+            return inputs[-1]
 
         return split_observed
 

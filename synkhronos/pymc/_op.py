@@ -1,7 +1,7 @@
 """The Op that stands for a model's split terms (the pipeline's eleventh stage):
-one Synkhronos call returns their summed log-density and its gradient, so
-PyMC's logp-and-gradient function (whose two uses of the Op PyTensor merges
-into one node) costs one round trip.
+one Synkhronos call returns each term's log-density summed over the rows and
+its gradient, so PyMC's logp-and-gradient function (whose uses of the Op
+PyTensor merges into one node) costs one round trip.
 
 Who evaluates it, and how:
 
@@ -31,12 +31,14 @@ def rows_logp(evaluator, route, graph):
     told how to take it."""
     register_backends()
     continuous = list(graph.continuous) + [False] * len(graph.data)  # data have no gradient
-    return RowsLogp(evaluator, route, graph.names, graph.total.dtype, continuous)
+    return RowsLogp(evaluator, route, graph.names, graph.totals[0].dtype, continuous, len(graph.totals))
 
 
 class RowsLogp(Op):
-    """``RowsLogp(evaluator, route, names, ...)(*params, *data)`` -> (log-density,
-    gradient for each continuous parameter).
+    """``RowsLogp(evaluator, route, names, ...)(*params, *data)`` -> (each
+    term's log-density, then each term's gradient: one entry for each
+    continuous parameter), as ``_ranks`` orders them; one term: (log-density,
+    gradient).
 
     ``evaluator`` runs it in the session's process; ``route`` reaches that
     process's service from a child; ``names`` label it in errors."""
@@ -45,12 +47,19 @@ class RowsLogp(Op):
     check_bounds = True  # the model's, for the function per row (``_observed``)
     per_row = None  # that function, made at its first use
 
-    def __init__(self, evaluator, route, names, dtype, continuous):
+    def __init__(self, evaluator, route, names, dtype, continuous, n_terms=1):
         self.evaluator = evaluator
         self.route = route
         self.names = names
         self.dtype = dtype
         self.continuous = tuple(continuous)  # per input: whether a gradient comes back
+        self.n_terms = n_terms
+
+    def gradient_of(self, outputs, term, i):
+        """Among a node's ``outputs``, term ``term``'s gradient for input ``i``
+        (a continuous one)."""
+        k = sum(self.continuous[:i])
+        return outputs[self.n_terms + term * sum(self.continuous) + k]
 
     def make_node(self, *inputs):
         import pytensor.tensor as pt
@@ -59,8 +68,9 @@ class RowsLogp(Op):
         if len(inputs) != len(self.continuous):
             raise TypeError("RowsLogp for %s takes %d inputs, got %d"
                             % (self.names, len(self.continuous), len(inputs)))
-        outputs = [pt.scalar(dtype=self.dtype)]
-        outputs += [x.type() for x, c in zip(inputs, self.continuous) if c]
+        outputs = [pt.scalar(dtype=self.dtype) for _ in range(self.n_terms)]
+        for _ in range(self.n_terms):
+            outputs += [x.type() for x, c in zip(inputs, self.continuous) if c]
         return Apply(self, inputs, outputs)
 
     def perform(self, node, inputs, output_storage):
@@ -84,15 +94,25 @@ class RowsLogp(Op):
     def pullback(self, inputs, outputs, output_grads):
         from pytensor.gradient import DisconnectedType, grad_not_implemented
 
-        if any(not isinstance(g.type, DisconnectedType) for g in output_grads[1:]):
+        if any(not isinstance(g.type, DisconnectedType) for g in output_grads[self.n_terms:]):
             return [grad_not_implemented(self, i, x, "second derivatives of data-parallel terms")
                     for i, x in enumerate(inputs)]
-        g = output_grads[0]
-        grads, k = [], 1
+        weights = [(t, g) for t, g in enumerate(output_grads[:self.n_terms])
+                   if not isinstance(g.type, DisconnectedType)]
+        return self.weighted_gradient(inputs, outputs, weights)
+
+    def weighted_gradient(self, inputs, outputs, weights):
+        """For each of ``inputs``, the sum over ``weights`` (``(term, scalar
+        weight)`` pairs) of the weight times that term's gradient, from this
+        Op's ``outputs``; data and discrete inputs have none."""
+        import pytensor.tensor as pt
+        from pytensor.gradient import grad_not_implemented
+
+        grads = []
         for i, (x, c) in enumerate(zip(inputs, self.continuous)):
             if c:
-                grads.append(g * outputs[k])
-                k += 1
+                parts = [w * self.gradient_of(outputs, t, i) for t, w in weights]
+                grads.append(pt.add(*parts).astype(x.dtype) if parts else pt.zeros_like(x))
             else:
                 grads.append(grad_not_implemented(self, i, x, "data and discrete variables have no "
                                                              "gradient here"))
@@ -104,7 +124,7 @@ class RowsLogp(Op):
     def __reduce__(self):
         # A copy for another process (PyMC pickles its chains' step method under
         # spawn and forkserver): it evaluates through the session's service.
-        return RowsLogp, (None, self.route, self.names, self.dtype, self.continuous)
+        return RowsLogp, (None, self.route, self.names, self.dtype, self.continuous, self.n_terms)
 
 
 _JAX_REFUSAL = (

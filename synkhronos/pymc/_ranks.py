@@ -1,6 +1,12 @@
 """The graph every rank runs on its share of the rows (the pipeline's fourth
-stage): the terms' summed log-density at one point and its gradient, PyMC's
-parameter checks compiled in.
+stage): each term's log-density summed over the rows at one point, and its
+gradient, PyMC's parameter checks compiled in.
+
+Its outputs are every term's sum, then every term's gradient (one entry per
+continuous parameter): ``[sum_1, ..., sum_T, *grad_1, ..., *grad_T]``.  With
+one term that is the log-density and its gradient; with several, PyMC's
+functions of one term (``pm.compute_log_likelihood``, ``model.logp(vars=...)``
+and its gradient) find its own values among them (``_observed``).
 
 ``RanksGraph`` holds it; each later stage returns a new one with its own form
 of ``inputs`` and ``outputs`` (several points at once, GPU forms, packed),
@@ -37,7 +43,7 @@ class RanksGraph:
     data: list
     rows: list
     continuous: tuple
-    total: object
+    totals: list
     single: list
     inputs: list
     outputs: list
@@ -48,19 +54,19 @@ class RanksGraph:
 def ranks_graph(terms, check_bounds):
     """The ``RanksGraph`` of ``terms``, PyMC's parameter checks compiled as
     ``check_bounds`` (a model's) asks."""
-    params, data, rows, total, grads = worker_graph(terms)
-    single = parameter_checks([total] + grads, check_bounds)
+    params, data, rows, totals, grads = worker_graph(terms)
+    single = parameter_checks(totals + grads, check_bounds)
     return RanksGraph(names=terms.names(), params=params, data=data, rows=rows,
-                      continuous=tuple(continuous(p) for p in params), total=total, single=single,
+                      continuous=tuple(continuous(p) for p in params), totals=totals, single=single,
                       inputs=params, outputs=single)
 
 
 def worker_graph(terms):
-    """(param inputs, data inputs, row shared variables, total log-density,
-    its gradient for each continuous parameter): the graph every rank runs on
-    its rows (their shared variables empty until scattered)."""
+    """(param inputs, data inputs, row shared variables, each term's summed
+    log-density, the gradient of each for each continuous parameter, term by
+    term): the graph every rank runs on its rows (their shared variables empty
+    until scattered)."""
     import pytensor
-    import pytensor.tensor as pt
 
     params = [v.type(name=v.name) for v in terms.params]
     data = [v.type(name=v.name) for v in terms.data]
@@ -71,6 +77,7 @@ def worker_graph(terms):
     ]
     replace = dict(zip(terms.held + terms.data + terms.row_vars, params + data + row_shareds))
     logps = _replaced(terms.logps, replace)
-    total = pt.add(*[lp.sum() for lp in logps]) if len(logps) > 1 else logps[0].sum()
-    grads = gradient(total, [p for p in params if continuous(p)])
-    return params, data, row_shareds, total, grads
+    totals = [lp.sum() for lp in logps]
+    wrt = [p for p in params if continuous(p)]
+    grads = [g for total in totals for g in gradient(total, wrt)]
+    return params, data, row_shareds, totals, grads

@@ -54,7 +54,7 @@ def vectorized(graph, batch, check_bounds):
     can; as it is otherwise."""
     if batch is None:
         batch = _jax_compiles(graph.single)
-    found = batch and _batched(graph.params, graph.single, graph.total, check_bounds)
+    found = batch and _batched(graph.params, graph.single, graph.totals, check_bounds)
     if not found:
         return graph
     stacked, outputs = found
@@ -85,7 +85,7 @@ def _jax_compiles(outputs):
     return True
 
 
-def _batched(params, single, total, check_bounds):
+def _batched(params, single, totals, check_bounds):
     """``(inputs, outputs)`` of the terms evaluated at several points at once:
     each parameter gains a leading axis of points, and each output one value
     (or gradient) per point, so that a rank reads its rows once for all points.
@@ -93,8 +93,8 @@ def _batched(params, single, total, check_bounds):
 
     ``single`` (the log-density and its gradient at one point, checks
     compiled) vectorized, where that needs no more than products made matrix
-    products (a GLM's); otherwise ``total`` (the log-density, checks not
-    compiled) vectorized and differentiated, which batches more graphs (varying
+    products (a GLM's); otherwise ``totals`` (each term's log-density, checks
+    not compiled) vectorized and differentiated, which batches more graphs (varying
     slopes, say) but gives 0, not PyMC's value, for the gradient at a point out of
     a parameter's domain, and ran slower on a GPU (docs page "PyMC")."""
     import pytensor.tensor as pt
@@ -109,7 +109,7 @@ def _batched(params, single, total, check_bounds):
         if _looped(outputs):
             outputs = _core_products(outputs)
         if _looped(outputs):
-            (batched,) = rewritten([vectorize_graph(total, replace=replace)], unlooped_views)
+            batched = rewritten(vectorize_graph(list(totals), replace=replace), unlooped_views)
             outputs = _differentiated(batched, params, stacked, check_bounds)
     except Exception as exc:
         why = "%s: %s" % (type(exc).__name__, exc)
@@ -123,12 +123,14 @@ def _batched(params, single, total, check_bounds):
 
 
 def _differentiated(batched, params, stacked, check_bounds):
-    """The batched log-density ``batched`` with its gradient with respect to the
-    continuous ``stacked`` (the batched ``params``), checks compiled."""
+    """The batched log-densities ``batched`` (one per term) with the gradient
+    of each with respect to the continuous ``stacked`` (the batched
+    ``params``), in the ranks' order of outputs, checks compiled."""
     from pytensor.graph.rewriting.utils import rewrite_graph
 
-    grads = gradient(batched, [s for s, p in zip(stacked, params) if continuous(p)])
-    outputs = parameter_checks([batched] + grads, check_bounds)
+    wrt = [s for s, p in zip(stacked, params) if continuous(p)]
+    grads = [g for total in batched for g in gradient(total, wrt)]
+    outputs = parameter_checks(list(batched) + grads, check_bounds)
     if _looped(outputs):  # (canonicalize ran for minutes on the first way's Gamma GLM, 0.2 s here)
         outputs = list(rewrite_graph(outputs, include=("canonicalize",)))
     return outputs

@@ -11,7 +11,6 @@ pm = pytest.importorskip("pymc")
 
 import pytensor  # noqa: E402
 from pytensor.compile.mode import Mode  # noqa: E402
-from scipy import stats  # noqa: E402
 from test_pymc import N_RANKS, float64_session  # noqa: E402
 
 from synkhronos.pymc import data_parallel  # noqa: E402
@@ -55,6 +54,26 @@ def normal_of_rows_of_three(n=N, seed=1):
     return m
 
 
+def several_terms(n=N, seed=9):
+    """Two observed variables over the same rows, one parameter each and one
+    shared, and a likelihood written as a potential over them (split where
+    ``observed=`` names it)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n)
+    with pm.Model(coords={"obs": np.arange(n)}) as m:
+        xd = pm.Data("x", x, dims="obs")
+        wd = pm.Data("w", 0.5 * x + rng.standard_normal(n), dims="obs")
+        a = pm.Normal("a", 0, 2)
+        b = pm.Normal("b", 0, 1)
+        s = pm.HalfNormal("s", 1)
+        c = pm.Normal("c", 0, 1)
+        pm.Normal("y", a + b * xd, s, observed=1.0 + 2.0 * x + rng.standard_normal(n), dims="obs")
+        pm.Poisson("z", pm.math.exp(c + b * xd), observed=rng.poisson(np.exp(0.3 + 0.5 * x)), dims="obs")
+        pm.Potential("ll", pm.math.sum(pm.logp(pm.Normal.dist(c * xd, 1), wd)))
+    return m
+
+
+SEVERAL = ["y", "z", "ll"]
 MODELS = {"logistic, dims": logistic_with_dims, "normal, 3 per row": normal_of_rows_of_three}
 
 
@@ -101,27 +120,27 @@ def test_posterior_predictive_on_the_copy_draws_as_the_original(session, make):
     np.testing.assert_array_equal(y.values, again.posterior_predictive["y"].values)
 
 
-def test_prior_predictive_on_the_copy_is_the_originals_in_distribution(session):
-    model = logistic_with_dims()
-    split = data_parallel(model)
-    ours = pm.sample_prior_predictive(draws=400, model=split, random_seed=7)
-    again = pm.sample_prior_predictive(draws=400, model=split, random_seed=7)
-    theirs = pm.sample_prior_predictive(draws=400, model=model, random_seed=8)
-    y = ours.prior_predictive["y"]
-    assert y.dims == theirs.prior_predictive["y"].dims and y.shape == (1, 400, N)
-    np.testing.assert_array_equal(y.values, again.prior_predictive["y"].values)
-    # Each draw's share of ones, and the prior of a: the same distribution as PyMC's (two-sample tests).
-    for ours_v, theirs_v in [(y.mean("obs"), theirs.prior_predictive["y"].mean("obs")),
-                             (ours.prior["a"], theirs.prior["a"])]:
-        assert stats.ks_2samp(ours_v.values.ravel(), theirs_v.values.ravel()).pvalue > 1e-3
+@pytest.mark.parametrize("several", [False, True], ids=["one term", "several terms"])
+def test_prior_predictive_on_the_copy_draws_as_the_original(session, several):
+    model = several_terms() if several else logistic_with_dims()
+    split = data_parallel(model, observed=SEVERAL if several else None)
+    ours = pm.sample_prior_predictive(draws=50, model=split, random_seed=7)
+    theirs = pm.sample_prior_predictive(draws=50, model=model, random_seed=7)
+    for v in split.observed_RVs:
+        y = ours.prior_predictive[v.name]
+        assert y.dims == theirs.prior_predictive[v.name].dims and y.shape == (1, 50, N)
+        np.testing.assert_array_equal(y.values, theirs.prior_predictive[v.name].values)
+    for v in split.free_RVs:
+        np.testing.assert_array_equal(ours.prior[v.name].values, theirs.prior[v.name].values)
 
 
+@pytest.mark.parametrize("several", [False, True], ids=["one term", "several terms"])
 @pytest.mark.parametrize("mode", ["default", "FAST_COMPILE", "NUMBA"])
-def test_the_copys_log_density_is_one_call_of_the_ranks_in_every_mode(session, mode):
+def test_the_copys_log_density_is_one_call_of_the_ranks_in_every_mode(session, mode, several):
     if mode == "NUMBA":
         pytest.importorskip("numba")
-    model = logistic_with_dims()
-    split = data_parallel(model)
+    model = several_terms() if several else logistic_with_dims()
+    split = data_parallel(model, observed=SEVERAL if several else None)
     logp = split.logp()
     outputs = [logp] + pytensor.grad(logp, split.value_vars)
     fn = pytensor.function(split.value_vars, outputs, mode=None if mode == "default" else Mode(linker={
@@ -143,16 +162,38 @@ def test_rows_weighted_one_by_one_have_no_gradient_and_say_so(session):
         pytensor.grad((weights * per_row).sum(), split.value_vars)
 
 
-def test_several_split_terms_stay_one_potential(session):
-    rng = np.random.default_rng(9)
-    with pm.Model() as model:
-        a = pm.Normal("a", 0, 1)
-        pm.Normal("y", a, 1, observed=rng.standard_normal(N))
-        pm.Normal("z", a, 2, observed=rng.standard_normal(N))
-    split = data_parallel(model)
-    assert split.observed_RVs == [] and [p.name for p in split.potentials] == ["synkhronos_rows"]
-    point = {"a": np.array(0.3)}
-    np.testing.assert_allclose(split.compile_logp()(point), model.compile_logp()(point), rtol=1e-9)
+def test_several_split_terms_are_each_the_originals_variable(session):
+    """Each split observed variable stays one, each split potential a potential,
+    and each term's log-density and its gradient alone are the original's."""
+    model = several_terms()
+    split = data_parallel(model, observed=SEVERAL)
+    assert [v.name for v in split.observed_RVs] == ["y", "z"] and [p.name for p in split.potentials] == ["ll"]
+    point = {k: v + 0.1 for k, v in model.initial_point().items()}
+    for names in (["y"], ["z"], ["ll"], ["z", "ll"], None):
+        ours = split.logp(vars=None if names is None else [split[v] for v in names])
+        theirs = model.logp(vars=None if names is None else [model[v] for v in names])
+        got, expected = [pytensor.function(m.value_vars, [lp] + pytensor.grad(lp, m.value_vars,
+                                                                              disconnected_inputs="ignore"))
+                         for m, lp in ((split, ours), (model, theirs))]
+        np.testing.assert_allclose(np.hstack(got(**{v.name: point[v.name] for v in split.value_vars})),
+                                   np.hstack(expected(**{v.name: point[v.name] for v in model.value_vars})),
+                                   rtol=1e-9, err_msg=str(names))
+
+
+def test_several_split_terms_log_likelihood_and_posterior_predictive(session):
+    model = several_terms()
+    split = data_parallel(model, observed=SEVERAL)
+    idata = draws(model, n=5)
+    ours = pm.compute_log_likelihood(idata, model=split, extend_inferencedata=False, progressbar=False)
+    theirs = pm.compute_log_likelihood(idata, model=model, extend_inferencedata=False, progressbar=False)
+    assert sorted(ours.data_vars) == sorted(theirs.data_vars) == ["y", "z"]
+    for v in ("y", "z"):
+        assert ours[v].dims == theirs[v].dims
+        np.testing.assert_allclose(ours[v].values, theirs[v].values, rtol=1e-9)
+    ours = pm.sample_posterior_predictive(idata, model=split, random_seed=5, progressbar=False)
+    theirs = pm.sample_posterior_predictive(idata, model=model, random_seed=5, progressbar=False)
+    for v in ("y", "z"):
+        np.testing.assert_array_equal(ours.posterior_predictive[v], theirs.posterior_predictive[v])
 
 
 # Each rank's rows come back inline up to 64 KiB (8,192 float64 values) and through shared memory

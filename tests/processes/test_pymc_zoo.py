@@ -203,6 +203,29 @@ def test_logp_and_gradient_equal_pymcs(session, make, batch):
     assert_same_density(model, split)
 
 
+@pytest.mark.parametrize("make", MODELS, ids=lambda f: f.__name__)
+def test_the_other_fits_give_the_originals_results(session, make):
+    """Prior predictive draws (the same numbers under one seed), ADVI and
+    full-rank ADVI (the same loss at every step) and the MAP, on the copy."""
+    model = make()
+    split = data_parallel(model)
+    ours = pm.sample_prior_predictive(draws=10, model=split, random_seed=7)
+    theirs = pm.sample_prior_predictive(draws=10, model=model, random_seed=7)
+    for group in ("prior", "prior_predictive"):
+        assert sorted(ours.get(group, {})) == sorted(theirs.get(group, {}))
+        for name in theirs.get(group, {}):
+            np.testing.assert_array_equal(ours[group][name].values, theirs[group][name].values)
+    for method in ("advi", "fullrank_advi"):
+        kw = dict(method=method, random_seed=1, progressbar=False)
+        np.testing.assert_allclose(pm.fit(10, model=split, **kw).hist, pm.fit(10, model=model, **kw).hist,
+                                   rtol=1e-9, err_msg=method)
+    kw = dict(progressbar=False, seed=0, maxeval=50)
+    ours, theirs = pm.find_MAP(model=split, **kw), pm.find_MAP(model=model, **kw)
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-6, atol=1e-9, err_msg=name)
+
+
 class _RanksGraphs:
     """The ranks' graphs of ``model`` as ``data_parallel`` builds them: the
     terms, the graph of one point (``single``, checks compiled), the batched one
@@ -220,9 +243,9 @@ class _RanksGraphs:
         chosen = _observed(model, None)
         n = row_count(model, chosen)
         self.terms = find_terms(model, [rv for rv in chosen if rows_of(model, rv) == n], n)
-        self.params, self.data, self.shareds, total, grads = worker_graph(self.terms)
-        self.single = parameter_checks([total] + grads, True)
-        self.stacked, self.outputs = _batched(self.params, self.single, total, True)
+        self.params, self.data, self.shareds, totals, grads = worker_graph(self.terms)
+        self.single = parameter_checks(totals + grads, True)
+        self.stacked, self.outputs = _batched(self.params, self.single, totals, True)
         start = _initial_params(model, self.terms.params)
         self.points = [np.stack([p + s if p.dtype.kind == "f" else p for s in shifts]) for p in start]
         self.data_values = [d.get_value() for d in self.terms.data]

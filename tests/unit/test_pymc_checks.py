@@ -166,7 +166,7 @@ def test_the_bernoullis_batched_graph_gets_both_rewrites():
     total = model.logp(vars=model.observed_RVs)
     logp = parameter_checks([total], check_bounds=True)[0]
     assert compared_sigmoids(logp)
-    params, (batched,) = _batched([b_value], [logp], total, True)
+    params, (batched,) = _batched([b_value], [logp], [total], True)
     assert params[0] is not b_value, "the graph was batched"
     assert not compared_sigmoids(batched) and not _summed_switches(batched, same_for_every_row=True)
     assert _summed_switches(batched), "the check of the observed values differs by row: left as it was"

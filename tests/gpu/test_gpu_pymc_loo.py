@@ -31,3 +31,32 @@ def test_logistic_equals_az_loo_on_gpu_ranks(session):
     expected = az.loo(idata, pointwise=True)
     base.assert_same_loo(loo(idata, copy, chunk_rows=base.CHUNK), expected)
     base.assert_same_loo(loo(idata, copy), expected)  # one block per rank
+
+
+def test_float32_ranks_smooth_on_the_host_and_equal_az_loo():
+    """A session in float32 (JAX's 64-bit mode off on the ranks): the rows'
+    log-likelihood in float32 on the GPUs, smoothed by the numpy block on the
+    host, the values of az.loo (which sums in float64) on the same model to
+    float32's rounding."""
+    import numpy as np
+    import pytensor
+
+    import synkhronos as synk
+
+    was = pytensor.config.floatX
+    synk.close()
+    pytensor.config.floatX = "float32"
+    try:
+        synk.fork(len(visible_gpus()), use_gpu=True)
+        model = logistic(base.ROWS)
+        idata = base.logistic_idata()
+        pm.compute_log_likelihood(idata, model=model, progressbar=False)
+        assert idata.log_likelihood["y"].dtype == np.float32
+        ours, theirs = loo(idata, data_parallel(model), chunk_rows=base.CHUNK), az.loo(idata, pointwise=True)
+        np.testing.assert_allclose(base.totals(ours), base.totals(theirs), rtol=1e-4)  # p_loo: a difference of sums
+        (elpd_i, k), (ref_elpd_i, ref_k) = base.rows(ours), base.rows(theirs)
+        np.testing.assert_allclose(elpd_i.values, ref_elpd_i.values, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(k.values, ref_k.values, atol=1e-3)
+    finally:
+        synk.close()
+        pytensor.config.floatX = was

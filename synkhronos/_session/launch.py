@@ -48,6 +48,11 @@ def pytensor_flags(names, changed_only):
         if param is None:
             continue
         value = getattr(pytensor.config, name)
+        if not isinstance(value, (str, bool, int, float)):
+            # A Mode object: PyTensor sets one as ``config.mode``, for the whole
+            # process, while it rewrites a graph; another thread's compile then
+            # shows it here.  It is no flag a worker can read: left out.
+            continue
         if not changed_only or value != param.default:
             flags[name] = str(value)
     return flags

@@ -115,3 +115,17 @@ def test_calls_from_threads_each_get_their_own_results(session, threads):
             ["thread %d: %s" % (t, w[0]) for t, w in wrong.items() if w] +
             ["thread %d, call %s: %s" % (t, e[0][0], "".join(traceback.format_exception(e[0][1])))
              for t, e in failed.items()]))
+
+
+def test_distribute_while_another_thread_compiles(session):
+    """While PyTensor rewrites a graph it sets ``config.mode`` to that function's
+    Mode object, for the whole process: a thread distributing meanwhile must
+    not send it to the workers as their mode (a worker could not read it)."""
+    from pytensor.compile.mode import Mode
+
+    x = pt.vector("x", dtype="float64")
+    with pytensor.config.change_flags(mode=Mode(linker="py", optimizer="fast_compile")):
+        g = synk.function([x], [(2 * x.sum(), "sum")], name="while compiling")
+        synk.distribute()
+    assert not isinstance(pytensor.config.mode, Mode)
+    np.testing.assert_allclose(g(synk.data(np.arange(5.0))), 20.0)

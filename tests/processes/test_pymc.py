@@ -143,7 +143,7 @@ def test_original_model_is_left_as_it_was(session):
     np.testing.assert_array_equal(model["x"].get_value(), x_before)
     assert [v.name for v in model.observed_RVs] == ["y"]
     # The copy keeps y an observed variable, drawn forward as the original draws it, its
-    # log-density the ranks' (one potential where several terms are split instead).
+    # log-density the ranks'.
     assert [v.name for v in split.observed_RVs] == ["y"] and split.potentials == []
     assert isinstance(split["y"].owner.op, SplitObserved)
 

@@ -114,14 +114,14 @@ class RowsPointwise(Op):
         term's gradient, from the ``RowsLogp``."""
         from pytensor.gradient import DisconnectedType, grad_not_implemented
 
-        weights = [(t, g, _one_weight(g)) for t, g in enumerate(output_grads)
+        weights = [(t, _one_weight(g)) for t, g in enumerate(output_grads)
                    if not isinstance(g.type, DisconnectedType)]
-        if any(c is None for _, _, c in weights):
+        if any(c is None for _, c in weights):
             return [grad_not_implemented(self, i, x, "a gradient of the rows' log-densities weighted row by "
                                                       "row (only their sum has one)")
                     for i, x in enumerate(inputs)]
         node = self.rows_op.make_node(*inputs)
-        return self.rows_op.weighted_gradient(inputs, node.outputs, [(t, c) for t, _, c in weights])
+        return self.rows_op.weighted_gradient(inputs, node.outputs, weights)
 
     def __str__(self):
         return "RowsPointwise{%s}" % self.rows_op.names

@@ -22,9 +22,8 @@ def distributed(graph, row_values):
     """The Synkhronos function of ``graph`` (a ``RanksGraph``), distributed,
     with ``row_values`` (the values of ``graph.rows``) scattered over the
     ranks."""
-    mode = {} if graph.mode is None else {"mode": graph.mode}
     fn = _function.function([], [(o, "sum") for o in graph.outputs], bcast_inputs=graph.inputs + graph.data,
-                            name="pymc rows of %s" % graph.names, **mode)
+                            name="pymc rows of %s" % graph.names)
     _distribute(fn, graph.names)
     _coll.scatter(graph.rows, row_values)
     return fn

@@ -6,8 +6,7 @@ Each stage is one module, called once, in this order:
 1. ``_variables``: which variables are split, and over how many rows;
 2. ``_terms``: each one's log-density as a sum over rows, and what it reads;
 3. ``_split``: the rows split among the ranks, proved independent first;
-4. ``_ranks``: the graph each rank runs on its rows (log-density, gradient),
-   and ``_linker``: which linker CPU ranks compile it with;
+4. ``_ranks``: the graph each rank runs on its rows (log-density, gradient);
 5. ``_vectorized``: that graph at several points in one pass, where it pays;
 6. ``_sendable``: a form of it that pickles to the ranks;
 7. ``_gpu``: its forms that GPU ranks compute fastest;
@@ -42,13 +41,12 @@ from ._copy import with_op
 from ._distribute import distributed
 from ._evaluator import evaluator
 from ._gpu import for_gpu_ranks
-from ._linker import linker_chosen
 from ._op import rows_logp
 from ._packed import packed
 from ._pointwise import pointwise_terms
 from ._ranks import ranks_graph
 from ._sendable import sendable
-from ._split import _initial_params, check_rowwise
+from ._split import check_rowwise
 from ._terms import find_terms
 from ._variables import split_variables
 from ._vectorized import vectorized
@@ -125,7 +123,6 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     terms = find_terms(model, chosen, n_rows)
     check_rowwise(model, terms, split_bounds(n_rows, n))
     graph = ranks_graph(terms, model.check_bounds)
-    graph = linker_chosen(graph, terms, lambda: _initial_params(model, terms.params), n, batch)
     graph = vectorized(graph, batch, model.check_bounds)
     graph = sendable(graph)
     graph = for_gpu_ranks(graph)

@@ -53,7 +53,7 @@ def vectorized(graph, batch, check_bounds):
     False or None: where the ranks compile with JAX) asks for it and PyTensor
     can; as it is otherwise."""
     if batch is None:
-        batch = graph.mode is None and _jax_compiles(graph.single)
+        batch = _jax_compiles(graph.single)
     found = batch and _batched(graph.params, graph.single, graph.totals, check_bounds)
     if not found:
         return graph

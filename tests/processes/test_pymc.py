@@ -104,41 +104,6 @@ def test_logp_and_gradient_equal_pymcs(session, make, n):
     assert_same_density(model, data_parallel(model))
 
 
-@pytest.mark.parametrize("faster, own", [(1e-9, True), (1e9, False)], ids=["own linker", "jax"])
-def test_cpu_ranks_take_the_linker_their_trial_finds_faster(session, monkeypatch, caplog, faster, own):
-    """Where each CPU rank holds enough rows, the ranks' graph is timed in this
-    process with JAX and with PyTensor's own linker, and the ranks take the
-    latter (one point at a time) only where JAX takes ``FASTER`` times longer;
-    the log names the choice and the times.  (The threshold is lowered, and the
-    factor set so that either side wins, whatever the machine measures.)"""
-    import logging
-
-    from synkhronos.pymc import _linker
-
-    monkeypatch.setattr(_linker, "TRIAL_ROWS", 1)
-    monkeypatch.setattr(_linker, "FASTER", faster)
-    model = logistic(1001)
-    with caplog.at_level(logging.INFO, logger="synkhronos"):
-        split = data_parallel(model)
-    (line,) = [r.getMessage() for r in caplog.records if "one point on 1001 rows" in r.getMessage()]
-    assert ("compile with PyTensor's own linker" in line) == own, line
-    assert rows_op_of(split)[0].evaluator.batched == (not own)
-    assert_same_density(model, split)
-
-
-def test_no_linker_trial_where_batch_is_given_or_rows_are_few(session, monkeypatch):
-    from synkhronos.pymc import _linker
-
-    timed = []
-    monkeypatch.setattr(_linker, "_seconds", lambda *a: timed.append(a) or 1.0)
-    data_parallel(logistic(1001))  # 500 and 501 rows a rank
-    monkeypatch.setattr(_linker, "TRIAL_ROWS", 1)
-    data_parallel(logistic(1001), batch=True)
-    assert timed == []
-    data_parallel(logistic(1001))
-    assert len(timed) == 2
-
-
 def formula_names(n, groups=6, seed=7):
     """A logistic GLMM with varying intercepts and slopes named as bambi names them
     (``1|group_sigma``, ``x1|group_offset``): names that are not identifiers."""

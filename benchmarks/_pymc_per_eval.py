@@ -54,7 +54,9 @@ def likelihood_rows(args):
                 base = per_eval_ms(base_fn, q, plain_evals) if plain_evals else None
                 synk.fork(n, use_gpu=args.gpu)
                 try:
-                    fn, q2 = evaluator(data_parallel(model, batch=args.batch))
+                    copy = data_parallel(model, batch=args.batch, ranks=_ranks(args.placement, n))
+                    placed = _alone_up_to(rows_op_of(copy)[0].evaluator)
+                    fn, q2 = evaluator(copy)
                     assert np.array_equal(q, q2)
                     logp = fn(q)[0]
                     assert np.isclose(logp, logp_ref, rtol=1e-9), (logp, logp_ref)
@@ -63,13 +65,26 @@ def likelihood_rows(args):
                     synk.close()
                 first = first or synk_ms
                 pymc_ms = (base + per_eval_ms(base_fn, q, plain_evals)) / 2 if plain_evals else None
-                records.append(dict(model=kind, rows=rows, ranks=n, pymc_ms=pymc_ms, synk_ms=synk_ms,
+                records.append(dict(model=kind, rows=rows, ranks=n, alone_up_to=placed, pymc_ms=pymc_ms,
+                                    synk_ms=synk_ms,
                                     speedup=pymc_ms and pymc_ms / synk_ms, of_one_rank=synk_ms / first,
                                     first_ranks=args.ranks[0], logp_rel_err=abs(logp / logp_ref - 1)))
-                print("  %s, %d rows, %d ranks: PyMC %s ms, Synkhronos %.2f ms (%.2f of %d rank(s)'s)"
-                      % (kind, rows, n, "%.2f" % pymc_ms if pymc_ms else "(not timed)", synk_ms,
+                print("  %s, %d rows, %d ranks (up to %s points on one rank): PyMC %s ms, Synkhronos %.2f ms "
+                      "(%.2f of %d rank(s)'s)"
+                      % (kind, rows, n, placed, "%.2f" % pymc_ms if pymc_ms else "(not timed)", synk_ms,
                          synk_ms / first, args.ranks[0]), flush=True)
     return records
+
+
+def _alone_up_to(served):
+    """The most points a call evaluates on the master's rank alone, as text."""
+    up_to = served.alone_up_to
+    return "all" if up_to == float("inf") else str(up_to)
+
+
+def _ranks(placement, n):
+    """``data_parallel``'s ``ranks`` for ``--placement``: timed (None), every rank, or one."""
+    return {"timed": None, "all": n, "one": 1}[placement]
 
 
 def sizes_since(sizes, before):
@@ -147,11 +162,11 @@ def _together(fns, points, evals):
 
 def _one_run(fast, ev, evals):
     """4 points in one run: the call the batcher makes with every pending point
-    (``Evaluator._run``, the split terms alone: the priors are not in it),
+    (``Evaluator.run``, the split terms alone: the priors are not in it),
     checked against the points one at a time."""
     points = _run_points(fast, 4)
-    ms = per_eval_ms(ev._run, points, evals)
-    together = ev._run(points)
+    ms = per_eval_ms(ev.run, points, evals)
+    together = ev.run(points)
     alone = [float(ev.evaluate(p)[0]) for p in points]
     err = max(abs(float(r[0]) / a - 1) for r, a in zip(together, alone))
     assert err < 1e-9, "4 points in one run differ from one at a time by %g" % err
@@ -159,7 +174,7 @@ def _one_run(fast, ev, evals):
 
 
 def _run_points(fast, k):
-    """``k`` points as the batcher passes them to ``Evaluator._run``."""
+    """``k`` points as the batcher passes them to ``Evaluator.run``."""
     from pymc.blocking import DictToArrayBijection, RaveledVars
 
     _, inputs = rows_op_of(fast)
@@ -180,14 +195,14 @@ def kernel_on_off(model, fast, args):
     for k in (1, 4):
         runs = [(rows_op_of(c)[0].evaluator, _run_points(c, k)) for c in (fast, off)]
         for ev, pts in runs:
-            ev._run(pts)
+            ev.run(pts)
         times = [[], []]
         for _ in range(args.evals):  # alternated, so that a drift weighs on both alike
             for i, (ev, pts) in enumerate(runs):
                 t0 = time.perf_counter()
-                ev._run(pts)
+                ev.run(pts)
                 times[i].append(time.perf_counter() - t0)
-        on_off = [ev._run(pts) for ev, pts in runs]
+        on_off = [ev.run(pts) for ev, pts in runs]
         err = max(abs(float(a[0]) / float(b[0]) - 1) for a, b in zip(*on_off))
         assert err < 1e-9, "the rows kernel's logp differs from the batched graph's by %g" % err
         out[k] = (1e3 * median(times[0]), 1e3 * median(times[1]))

@@ -88,6 +88,8 @@ def _parser():
     p.add_argument("--batch", choices=("auto", "on", "off"), default="auto",
                    help="data_parallel(batch=): auto (None, the package's default), on, off; "
                         "whether the copy was batched is recorded")
+    p.add_argument("--placement", choices=("timed", "all", "one"), default="timed",
+                   help="where data_parallel puts the rows: as timed (its default), every rank, or one")
     p.add_argument("--evals", type=int, default=30, help="timed evaluations per setting (median)")
     p.add_argument("--plain-evals", type=int, default=None,
                    help="timed evaluations of plain PyMC per setting (default: --evals; 0: not timed, "
@@ -190,8 +192,10 @@ def main(argv=None):
 
     info = _machine(args)
     records = likelihood_rows(args)
-    print(table(["model", "rows", "ranks", "PyMC ms", "Synkhronos ms", "speedup", "ms / 1 rank's"],
-                [[r["model"], r["rows"], r["ranks"], _fmt(r["pymc_ms"], "%.2f"), "%.2f" % r["synk_ms"],
+    print(table(["model", "rows", "ranks", "one rank up to", "PyMC ms", "Synkhronos ms", "speedup",
+                 "ms / 1 rank's"],
+                [[r["model"], r["rows"], r["ranks"], r["alone_up_to"], _fmt(r["pymc_ms"], "%.2f"),
+                  "%.2f" % r["synk_ms"],
                   _fmt(r["speedup"], "%.2fx"), _fmt(r["of_one_rank"], "%.2f")] for r in records]))
     sampled, jax_rows = sampling(args) if args.sample else ([], [])
     _print_sampling(sampled, pytensor.config.floatX)

@@ -283,6 +283,27 @@ class Function:
             return results[0]
         return results
 
+    def _call_master_alone(self, *args):
+        """The master's share of a call of broadcast inputs ``args`` only, the
+        workers left idle: the same outputs as ``__call__`` where no worker
+        holds rows of the function's shared variables (``synkhronos.pymc``
+        places them so where one rank is faster).  Always a list."""
+        own = self._rt
+        if own.foreign:
+            own.check_owner()
+        with own.lock:
+            rt = runtime.require(distributed=True)
+            core, m = self._core, rt.master_rank
+            ordered = self._order_inputs(args, {})
+            self._check_datas(ordered, rt)
+            plan = plan_call(ordered, core.n_scatter, len(core.outputs), core.sliceable, rt.n_parallel)
+            if plan.scat:
+                raise TypeError("%s scatters inputs: it runs on every rank" % self._what)
+            weight, outputs = run_share(core, rt.device, *plan.master_args(m))
+            outputs = {m: (weight, rt.device.to_host(outputs))}
+            results = reduce_results(outputs, plan.subset, core.output_modes, self._what)
+            return in_graph_dtypes(results, [core.out_dtypes[i] for i in plan.subset])
+
     def _local(self, rt, plan, specs):
         """The master's share of a call, as a function of no arguments.  It
         takes its arguments when it runs, after the workers were sent theirs:

@@ -25,6 +25,10 @@ import signal
 from _flags import REFERENCE_FLAGS
 
 os.environ.setdefault("PYTENSOR_FLAGS", REFERENCE_FLAGS)
+# synkhronos.pymc's copies share their rows among every rank, rather than
+# choosing by timing where they go: a test's path must not hang on how busy the
+# machine is.  tests/processes/test_pymc_placement.py runs the choice.
+os.environ.setdefault("SYNKHRONOS_PYMC_RANKS", "all")
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)

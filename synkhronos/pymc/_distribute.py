@@ -18,14 +18,17 @@ __all__ = ["distributed"]
 logger = logging.getLogger("synkhronos")
 
 
-def distributed(graph, row_values):
+def distributed(graph, row_values, on=None):
     """The Synkhronos function of ``graph`` (a ``RanksGraph``), distributed,
     with ``row_values`` (the values of ``graph.rows``) scattered over the
-    ranks."""
+    ranks, or all given to rank ``on``."""
     fn = _function.function([], [(o, "sum") for o in graph.outputs], bcast_inputs=graph.inputs + graph.data,
                             name="pymc rows of %s" % graph.names)
     _distribute(fn, graph.names)
-    _coll.scatter(graph.rows, row_values)
+    if on is None:
+        _coll.scatter(graph.rows, row_values)
+    else:
+        _coll.set_value(on, graph.rows, row_values)
     return fn
 
 

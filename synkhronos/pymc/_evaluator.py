@@ -43,8 +43,20 @@ class Evaluator:
         self.batched = batched
         self.packing = packing  # a batched call's one matrix in and out (``_packed``), or None
         self.linger = LINGER if batched else 0.0
-        self.batcher = Batcher(self._run, linger=self.linger)
+        self.batcher = Batcher(self.run, linger=self.linger)
         self.rt = fn._rt
+        self.rows = []  # the shared variables of the rows, which ``_placement`` places
+        # Calls of up to ``alone_up_to`` points run on this process's rank alone,
+        # as ``alone_fn`` (``fn`` or a function of its own rows, all of them
+        # here): see ``_placement``.
+        self.alone_fn = None
+        self.alone_up_to = 0
+        self.alone_rows = []  # the shared variables of ``alone_fn``'s rows
+
+    def run_alone(self, fn, up_to=float("inf")):
+        """Calls of up to ``up_to`` points to ``fn`` on this process's rank alone
+        (``fn`` None: every call on every rank)."""
+        self.alone_fn, self.alone_up_to = fn, (up_to if fn is not None else 0)
 
     def evaluate(self, inputs):
         """``[logp, *grads]`` at ``inputs`` (the Op's inputs, as arrays)."""
@@ -55,10 +67,12 @@ class Evaluator:
         inputs; all are evaluated in one run."""
         return self.batcher.evaluate_many([[np.asarray(x) for x in inputs] for (inputs,) in requests])
 
-    def _run(self, points):
+    def run(self, points):
+        """Each point's ``[logp, *grads]``, the points evaluated at once (no
+        waiting for others)."""
         with runtime.locked():  # the Data are written, then read by the call, as one step
             if not self.batched:
-                return [self._call(p) for p in points]
+                return [self._call(p, 1) for p in points]
             results = []
             for group in _same_data(points, self.n_params):
                 results += zip(group.keys, self._call_batched(group))
@@ -68,17 +82,19 @@ class Evaluator:
         """Each point's results, the points of ``group`` in one call."""
         data = group[0][self.n_params:]
         if self.packing is not None:
-            (packed,) = self._call([self.packing.points(group, self.n_params)] + data)
+            (packed,) = self._call([self.packing.points(group, self.n_params)] + data, len(group))
             return self.packing.results(packed)
-        outs = self._call([np.stack([p[i] for p in group]) for i in range(self.n_params)] + data)
+        outs = self._call([np.stack([p[i] for p in group]) for i in range(self.n_params)] + data, len(group))
         return [[o[j] for o in outs] for j in range(len(group))]
 
-    def _call(self, values):
+    def _call(self, values, n_points):
         for d, x in zip(self.datas, values):
             if d.shape == x.shape:
                 d.data[...] = x
             else:
                 d.set_value(x, oversize=2)  # room for more points without reallocating
+        if n_points <= self.alone_up_to:
+            return self.alone_fn._call_master_alone(*self.datas)
         results = self.fn(*self.datas)
         return results if isinstance(results, list) else [results]
 

@@ -13,8 +13,10 @@ Each stage is one module, called once, in this order:
 8. ``_packed``: a batched graph's points and results, one matrix each;
 9. ``_distribute``: the graph made a Synkhronos function, sent with the rows;
 10. ``_evaluator``: this process's side of that function, open to its children;
-11. ``_op``: the Op that calls it, standing for the terms;
-12. ``_copy``: the model's copy that holds the Op in their place.
+11. ``_placement``: each evaluation on every rank, or on this process's rank
+    alone where that is faster;
+12. ``_op``: the Op that calls it, standing for the terms;
+13. ``_copy``: the model's copy that holds the Op in their place.
 
 The other modules are parts that the stages use: ``_gradient`` (the
 log-density's gradient and checks as PyMC compiles them: ``_ranks``,
@@ -43,6 +45,7 @@ from ._evaluator import evaluator
 from ._gpu import for_gpu_ranks
 from ._op import rows_logp
 from ._packed import packed
+from ._placement import check_ranks, placed
 from ._pointwise import pointwise_terms
 from ._ranks import ranks_graph
 from ._sendable import sendable
@@ -58,7 +61,7 @@ _FORKING = threading.Lock()
 logger = logging.getLogger("synkhronos")
 
 
-def data_parallel(model, observed=None, rows=None, batch=None):
+def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     """A copy of PyMC model ``model`` whose likelihood over rows of data is
     computed data-parallel on all Synkhronos ranks.
 
@@ -90,6 +93,14 @@ def data_parallel(model, observed=None, rows=None, batch=None):
         PyTensor's other linkers, where it is slower (see the docs page "PyMC
         models").  Graphs that PyTensor cannot batch are evaluated one
         point at a time either way.
+    ranks : int or None, optional
+        Where evaluations run: ``synkhronos.n_parallel()``, on every rank;
+        1, on this process's rank alone, which then holds every row (the
+        others none).  None (default): each evaluation where it was faster
+        when timed here at the model's initial point, for one point and for
+        four; where this process's rank alone is faster for some, it keeps a
+        copy of every row for them (rows of at most 1 GiB).  Every rank is
+        faster unless rows are few; the log says what was chosen, and why.
 
     Returns
     -------
@@ -120,6 +131,7 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     _check_arguments(model, batch)
     chosen, n_rows = split_variables(model, observed, rows)
     n = _forked_ranks()
+    ranks = check_ranks(ranks, n)
     terms = find_terms(model, chosen, n_rows)
     check_rowwise(model, terms, split_bounds(n_rows, n))
     graph = ranks_graph(terms, model.check_bounds)
@@ -129,10 +141,12 @@ def data_parallel(model, observed=None, rows=None, batch=None):
     graph = packed(graph)
     fn = distributed(graph, terms.row_values)
     served, route = evaluator(fn, graph)
+    where = placed(served, graph, terms, model, ranks)
     op = rows_logp(served, route, graph)
     op.pointwise = pointwise_terms(model, terms, graph)  # what synkhronos.pymc.loo builds on; stays here
     op.check_bounds = model.check_bounds  # for those graphs compiled per row
-    logger.info("synkhronos.pymc: %s split over %d ranks (%d rows, %s)", graph.names, n, n_rows, op.dtype)
+    logger.info("synkhronos.pymc: %s split over %d rank%s (%d rows, %s), evaluated %s", graph.names, n,
+                "s" * (n > 1), n_rows, op.dtype, where)
     return with_op(model, terms, op)
 
 

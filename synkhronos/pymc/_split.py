@@ -15,7 +15,7 @@ from .._graph.editing import replaced as _replaced
 from .._graph.editing import row_input as _row_input
 from .._graph.editing import value_of as _value_of
 
-__all__ = ["check_rowwise"]
+__all__ = ["check_rowwise", "initial_inputs"]
 
 
 def check_rowwise(model, terms, bounds):
@@ -46,11 +46,10 @@ def _per_row_values(model, terms, bounds):
     point, computed on all rows at once, and on each share of ``bounds``."""
     import pytensor
 
-    point = _initial_params(model, terms.params)
     inputs = [v.type() for v in terms.params + terms.data] + [_row_input(v, v.name) for v in terms.row_vars]
     logps = _replaced(terms.logps, dict(zip(terms.held + terms.data + terms.row_vars, inputs)))
     fn = pytensor.function(inputs, logps, mode="FAST_COMPILE", on_unused_input="ignore")
-    head = point + [_value_of(v) for v in terms.data]
+    head = initial_inputs(model, terms)
     whole = fn(*head, *terms.row_values)
     try:
         parts = [fn(*head, *[val[a:b] for val in terms.row_values]) for a, b in bounds]
@@ -67,10 +66,12 @@ def _kind(model, var):
     return "%s %r" % ("potential" if var in model.potentials else "observed variable", var.name)
 
 
-def _initial_params(model, params):
-    """The values of free variables ``params`` at the model's initial point."""
-    if not params:
-        return []
-    fn = model.compile_fn(model.replace_rvs_by_values(params), inputs=model.value_vars, mode="FAST_COMPILE",
-                          on_unused_input="ignore")
-    return [np.asarray(x) for x in fn(model.initial_point())]
+def initial_inputs(model, terms):
+    """The terms' parameters at the model's initial point, then their data: the
+    inputs of one point, in the order the ranks' graph takes them."""
+    params = []
+    if terms.params:
+        fn = model.compile_fn(model.replace_rvs_by_values(terms.params), inputs=model.value_vars,
+                              mode="FAST_COMPILE", on_unused_input="ignore")
+        params = [np.asarray(x) for x in fn(model.initial_point())]
+    return params + [np.asarray(_value_of(v)) for v in terms.data]

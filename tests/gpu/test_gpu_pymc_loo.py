@@ -8,10 +8,11 @@ pm = pytest.importorskip("pymc")
 az = pytest.importorskip("arviz")
 
 import test_pymc_loo as base  # noqa: E402
-from test_pymc import float64_session, logistic  # noqa: E402
+from test_pymc import assert_same_density, float64_session, logistic  # noqa: E402
 
 from synkhronos._devices.gpu import visible_gpus  # noqa: E402
-from synkhronos.pymc import data_parallel, loo  # noqa: E402
+from synkhronos.pymc import _placement, data_parallel, loo  # noqa: E402
+from synkhronos.pymc._loo import rows_op_of  # noqa: E402
 
 pytestmark = pytest.mark.gpus(1)
 
@@ -31,6 +32,23 @@ def test_logistic_equals_az_loo_on_gpu_ranks(session):
     expected = az.loo(idata, pointwise=True)
     base.assert_same_loo(loo(idata, copy, chunk_rows=base.CHUNK), expected)
     base.assert_same_loo(loo(idata, copy), expected)  # one block per rank
+
+
+@pytest.mark.parametrize("ranks", [1, None], ids=["this GPU alone", "timed"])
+def test_rows_on_this_processs_gpu_alone_or_as_timed(session, monkeypatch, ranks):
+    """``ranks=1``: every row on this process's GPU, the other ranks idle;
+    ``ranks=None``: where the timing puts them.  PyMC's density and gradient
+    and az.loo's values either way."""
+    monkeypatch.delenv(_placement.RANKS_ENV, raising=False)
+    model = logistic(base.ROWS)
+    copy = data_parallel(model, ranks=ranks)
+    if ranks == 1:
+        served = rows_op_of(copy)[0].evaluator
+        assert served.alone_up_to == (float("inf") if len(visible_gpus()) > 1 else 0)
+    assert_same_density(model, copy)
+    idata = base.logistic_idata()
+    pm.compute_log_likelihood(idata, model=model, progressbar=False)
+    base.assert_same_loo(loo(idata, copy, chunk_rows=base.CHUNK), az.loo(idata, pointwise=True))
 
 
 def test_float32_ranks_smooth_on_the_host_and_equal_az_loo():

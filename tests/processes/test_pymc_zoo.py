@@ -235,7 +235,7 @@ class _RanksGraphs:
     def __init__(self, model, shifts=(0.0, 0.1, -0.05)):
         from synkhronos.pymc._gradient import parameter_checks
         from synkhronos.pymc._ranks import worker_graph
-        from synkhronos.pymc._split import _initial_params
+        from synkhronos.pymc._split import initial_inputs
         from synkhronos.pymc._terms import find_terms
         from synkhronos.pymc._variables import _observed, row_count, rows_of
         from synkhronos.pymc._vectorized import _batched
@@ -246,7 +246,7 @@ class _RanksGraphs:
         self.params, self.data, self.shareds, totals, grads = worker_graph(self.terms)
         self.single = parameter_checks(totals + grads, True)
         self.stacked, self.outputs = _batched(self.params, self.single, totals, True)
-        start = _initial_params(model, self.terms.params)
+        start = initial_inputs(model, self.terms)[:len(self.terms.params)]
         self.points = [np.stack([p + s if p.dtype.kind == "f" else p for s in shifts]) for p in start]
         self.data_values = [d.get_value() for d in self.terms.data]
 

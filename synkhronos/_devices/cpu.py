@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from .._common.aligned import aligned_copy
 from ._base import Device
 
 logger = logging.getLogger("synkhronos")
@@ -264,7 +265,7 @@ class CpuDevice(Device):
             for var, _ in core.updates:
                 storage = var.container.storage
                 if not isinstance(storage[0], np.ndarray) and type(storage[0]).__module__.startswith("jax"):
-                    storage[0] = np.array(storage[0])
+                    storage[0] = aligned_copy(storage[0])
 
     def share_threads(self, ranks_here, threads=None, index=0):
         """Give this process, and the workers it spawns, their share of the
@@ -316,4 +317,4 @@ class CpuDevice(Device):
     def set_value(self, var, value):
         """Overwrite shared variable ``var`` on this rank with a private copy of
         ``value`` (which may be a view of memory another rank will reuse)."""
-        var.set_value(np.array(value, dtype=var.dtype, copy=True), borrow=True)
+        var.set_value(aligned_copy(value, var.dtype), borrow=True)  # JAX reads it in place

@@ -11,6 +11,7 @@ must not start MPI.
 
 import numpy as np
 
+from .._common.aligned import ALIGNMENT, aligned_copy, aligned_empty
 from .._common.reduce import truncated_divide
 from .._common.waiting import wait_requests
 from .cpu import CpuDevice
@@ -53,7 +54,11 @@ def _average(total, n, dtype):
     kind = np.dtype(dtype).kind
     if kind in "iu":  # (a widened sum wraps around into dtype first)
         return truncated_divide(total.astype(dtype, copy=False), n)
-    return total if kind == "b" else np.asarray(total / n).astype(dtype)
+    if kind == "b":
+        return total
+    if total.dtype == dtype:  # in place: the buffer stays aligned (see ``MpiCpuDevice._take``)
+        return np.true_divide(total, n, out=total)
+    return np.asarray(total / n).astype(dtype)
 
 
 class MpiCpuDevice(CpuDevice):
@@ -174,9 +179,13 @@ class MpiCpuDevice(CpuDevice):
 
     @staticmethod
     def _take(var, fresh):
-        """Make ``fresh`` (a new array of ``var``'s dtype that nothing else holds)
-        ``var``'s value without the copy ``set_value`` makes, which a large
-        value would pay on every collective."""
+        """Make ``fresh`` (a new array of ``var``'s dtype that nothing else holds,
+        aligned as ``aligned_empty`` makes it) ``var``'s value without the copy
+        ``set_value`` makes, which a large value would pay on every collective.
+        Where it is not aligned after all, it is copied once, as JAX would
+        copy it on every call otherwise."""
+        if fresh.nbytes and fresh.ctypes.data % ALIGNMENT:
+            fresh = aligned_copy(fresh)
         var.set_value(fresh, borrow=True)
 
     def _reduce(self, variables, op, shapes, root):
@@ -192,7 +201,7 @@ class MpiCpuDevice(CpuDevice):
                 # that the result wraps as numpy's and NCCL's do, whatever the length.
                 x = x.astype(np.int64 if x.dtype.kind == "i" else np.uint64)
             dt = _mpi_type(x.dtype)
-            out = np.empty_like(x) if root in (None, self.rank) else None
+            out = aligned_empty(x.shape, x.dtype) if root in (None, self.rank) else None
             if root is None:
                 requests.append(self._comm.Iallreduce([x, dt], [out, dt], op=mpi_op))
             else:
@@ -257,7 +266,7 @@ class MpiCpuDevice(CpuDevice):
             if self.rank == root:
                 buf, _ = self._input(var, shape, problems)
             else:
-                buf = np.empty(tuple(shape), dtype=var.dtype)
+                buf = aligned_empty(shape, var.dtype)
             requests.append(self._comm.Ibcast([buf, _mpi_type(var.dtype)], root=root))
             bufs.append(buf)  # the root's too stays alive until the wait
         self._wait(requests)
@@ -313,5 +322,6 @@ class MpiCpuDevice(CpuDevice):
         results, problems = self._gatherv(variables, shapes, None)
         for var, parts, real in results:
             if real:
-                self._take(var, np.concatenate(parts))
+                joined = aligned_empty((sum(len(p) for p in parts),) + parts[0].shape[1:], var.dtype)
+                self._take(var, np.concatenate(parts, out=joined))
         self._raise(problems)

@@ -76,6 +76,10 @@ def _jax_compiles(outputs):
 
     from .._graph.jax_checks import checks_kept
 
+    # Converting constants starts JAX's backend in this process: on this rank's
+    # cores, as a rank's function would start it, not on all (its pool would
+    # crowd the workers' cores at every call).
+    device.start_jax_pool()
     inputs = [v for v in graph_inputs(outputs) if not isinstance(v, Constant)]
     try:
         with checks_kept():  # as the ranks' linker converts it: checks kept, no warning

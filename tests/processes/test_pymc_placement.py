@@ -5,6 +5,7 @@ choice (``ranks=None``) follows the timings as ``_placement`` says, and keeps
 the rows where it says."""
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -246,3 +247,53 @@ def test_threads_at_once_each_get_their_own_numbers_by_either_path(session, timi
     paths = _Paths(monkeypatch)
     chains.test_threads_at_once_get_their_own_logp_and_gradient((chains.logistic(), None), True)
     assert {"alone", "every"} <= set(paths.taken)
+
+
+_MASTER_POOL = """
+import json, os
+import numpy as np, pymc as pm
+import synkhronos as synk
+from synkhronos._session import runtime
+from synkhronos.pymc import data_parallel
+
+synk.fork(2, use_gpu=False)
+x = np.random.default_rng(0).standard_normal((300, 2))
+with pm.Model() as model:
+    b = pm.Normal("b", 0, 1, shape=2)
+    pm.Normal("y", x @ b, 1, observed=x[:, 0])
+copy = data_parallel(model)
+copy.compile_logp()(model.initial_point())
+
+def pool_cores():
+    cores = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:  # (a thread may end meanwhile)
+            with open("/proc/self/task/%s/comm" % tid) as f:
+                if f.read().startswith("tf_XLAEigen"):
+                    cores |= os.sched_getaffinity(int(tid))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return sorted(cores)
+
+print(json.dumps([pool_cores(), list(runtime.current().device.jax_cores)]))
+synk.close()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread affinity from /proc")
+def test_data_parallel_starts_this_processs_jax_on_its_rank_cores():
+    """``data_parallel`` converts the ranks' graph with JAX in this process to
+    see whether it batches, which starts JAX's backend there: on this rank's
+    cores, as its first function would, not on every core, where its pool
+    would crowd the workers' cores at every call."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != _placement.RANKS_ENV}
+    proc = subprocess.run([sys.executable, "-c", _MASTER_POOL], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pool, share = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert pool, "XLA's pool threads are named tf_XLAEigen"
+    assert set(pool) <= set(share), "the pool on %s, this rank's cores %s" % (pool, share)

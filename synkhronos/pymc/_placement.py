@@ -44,7 +44,7 @@ MARGIN = 1.1  # how much faster one placement must measure to be taken over the 
 TRIAL_BYTES = 1 << 30  # the most rows copied to this process's rank to time it alone
 RANKS_ENV = "SYNKHRONOS_PYMC_RANKS"  # ``ranks``' default where not given: "all", "1", or unset (timed)
 _TRIAL_SECONDS = 0.1  # timed calls per placement and batch size, after two untimed ones
-_MIN_CALLS, _MAX_CALLS = 5, 25
+_MIN_CALLS, _MAX_CALLS = 3, 25
 _EVERY = float("inf")
 
 
@@ -86,7 +86,13 @@ def placed(served, graph, terms, model, ranks):
         served.run_alone(served.fn)
         served.alone_rows = graph.rows
         return "on this process's rank alone"
-    return _timed_choice(served, graph, terms, model, n)
+    try:
+        return _timed_choice(served, graph, terms, model, n)
+    except Exception as exc:  # (at the initial point the graph may raise; evaluations will say why)
+        served.run_alone(None)
+        logger.warning("synkhronos.pymc: %s: not timed (%s: %s); every call on %d ranks",
+                       graph.names, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", n)
+        return "on %d ranks" % n
 
 
 def _timed_choice(served, graph, terms, model, n):

@@ -290,10 +290,29 @@ def test_data_parallel_starts_this_processs_jax_on_its_rank_cores():
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != _placement.RANKS_ENV}
+    from synkhronos._devices.cpu import THREAD_VARS
+
+    # (thread counts set in the environment are the user's choice: no pool of the rank's cores then)
+    env = {k: v for k, v in os.environ.items() if k != _placement.RANKS_ENV and k not in THREAD_VARS}
     proc = subprocess.run([sys.executable, "-c", _MASTER_POOL], capture_output=True, text=True, timeout=300,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     pool, share = json.loads(proc.stdout.strip().splitlines()[-1])
     assert pool, "XLA's pool threads are named tf_XLAEigen"
     assert set(pool) <= set(share), "the pool on %s, this rank's cores %s" % (pool, share)
+
+
+def test_a_timing_that_fails_leaves_every_call_on_every_rank(session, timed, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="synkhronos")
+
+    def fails(served, point, sizes):
+        raise RuntimeError("the ranks' graph raised at the initial point")
+
+    monkeypatch.setattr(_placement, "_timed", fails)
+    model = logistic_with_dims()
+    copy = data_parallel(model)
+    assert _served(copy).alone_up_to == 0
+    assert "not timed (RuntimeError: the ranks' graph raised at the initial point); every call on 2 ranks" \
+        in caplog.text
+    point = model.initial_point()
+    _same(_logp_and_grad(copy, point)[0], _logp_and_grad(model, point)[0])

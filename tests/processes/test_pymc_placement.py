@@ -290,8 +290,10 @@ def test_data_parallel_starts_this_processs_jax_on_its_rank_cores():
 
     from synkhronos._devices.cpu import THREAD_VARS
 
-    # (thread counts set in the environment are the user's choice: no pool of the rank's cores then)
-    env = {k: v for k, v in os.environ.items() if k != _placement.RANKS_ENV and k not in THREAD_VARS}
+    # PyTensor's own defaults, as a user has them (a mode in PYTENSOR_FLAGS: no JAX on the ranks, and
+    # none here); thread counts in the environment are the user's choice (no pool of the rank's cores)
+    drop = {_placement.RANKS_ENV, "PYTENSOR_FLAGS", *THREAD_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     proc = subprocess.run([sys.executable, "-c", _MASTER_POOL], capture_output=True, text=True, timeout=300,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -23,7 +23,7 @@ def evaluator(fn, graph):
     each input from; and the route by which this process's children reach it
     (the session's service runs their requests here)."""
     datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in graph.inputs + graph.data]
-    served = Evaluator(fn, datas, len(graph.params), graph.batched, graph.packing)
+    served = Evaluator(fn, datas, len(graph.params), graph.batched, graph.packing, graph.rows)
     return served, runtime.require().service.route(served.serve, served.linger)
 
 
@@ -36,7 +36,7 @@ class Evaluator:
     point, else it takes one point.  ``datas``: the ``synkhronos.Data`` each
     input is broadcast from, written in place under the session's lock."""
 
-    def __init__(self, fn, datas, n_params, batched, packing=None):
+    def __init__(self, fn, datas, n_params, batched, packing=None, rows=()):
         self.fn = fn
         self.datas = datas
         self.n_params = n_params
@@ -45,7 +45,7 @@ class Evaluator:
         self.linger = LINGER if batched else 0.0
         self.batcher = Batcher(self.run, linger=self.linger)
         self.rt = fn._rt
-        self.rows = []  # the shared variables of the rows, which ``_placement`` places
+        self.rows = list(rows)  # the shared variables of ``fn``'s rows
         # Calls of up to ``alone_up_to`` points run on this process's rank alone,
         # as ``alone_fn`` (``fn`` or a function of its own rows, all of them
         # here): see ``_placement``.

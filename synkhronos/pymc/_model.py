@@ -45,7 +45,7 @@ from ._evaluator import evaluator
 from ._gpu import for_gpu_ranks
 from ._op import rows_logp
 from ._packed import packed
-from ._placement import check_ranks, placed
+from ._placement import check_ranks, placed, rows_on
 from ._pointwise import pointwise_terms
 from ._ranks import ranks_graph
 from ._sendable import sendable
@@ -139,7 +139,7 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     graph = sendable(graph)
     graph = for_gpu_ranks(graph)
     graph = packed(graph)
-    fn = distributed(graph, terms.row_values)
+    fn = distributed(graph, terms.row_values, on=rows_on(ranks))
     served, route = evaluator(fn, graph)
     where = placed(served, graph, terms, model, ranks)
     op = rows_logp(served, route, graph)

@@ -36,7 +36,7 @@ from .._session import runtime
 from ._distribute import distributed
 from ._split import initial_inputs
 
-__all__ = ["MARGIN", "RANKS_ENV", "TRIAL_BYTES", "check_ranks", "placed"]
+__all__ = ["MARGIN", "RANKS_ENV", "TRIAL_BYTES", "check_ranks", "placed", "rows_on"]
 
 logger = logging.getLogger("synkhronos")
 
@@ -69,20 +69,23 @@ def _ranks_from_env(n_parallel):
     return 1 if text == "1" else n_parallel
 
 
-def placed(served, graph, terms, model, ranks):
-    """Route ``served``'s calls (the ``Evaluator`` of ``graph``, whose rows are
-    scattered) to every rank or to this process's rank alone: as ``ranks``
-    says (1 or the number of ranks), or, for None, as measured.  Returns a
-    line for the log: where the calls go."""
+def rows_on(ranks):
+    """The rank that ``distributed`` gives every row for ``ranks`` (as
+    ``check_ranks`` returns it): this process's where ``ranks`` is 1 and there
+    are others, else None (scattered over every rank)."""
     rt = runtime.require()
-    n = rt.n_parallel
-    served.rows = graph.rows
+    return rt.master_rank if ranks == 1 and rt.n_parallel > 1 else None
+
+
+def placed(served, graph, terms, model, ranks):
+    """Route ``served``'s calls (the ``Evaluator`` of ``graph``, whose rows
+    ``distributed`` placed as ``rows_on(ranks)`` says) to every rank or to this
+    process's rank alone: as ``ranks`` says (1 or the number of ranks), or, for
+    None, as measured.  Returns a line for the log: where the calls go."""
+    n = runtime.require().n_parallel
     if n == 1 or ranks == n:
         return "on %d rank%s" % (n, "s" * (n > 1))
-    if ranks == 1:
-        for r in rt.worker_ranks:
-            _coll.set_value(r, graph.rows, [v[:0] for v in terms.row_values])
-        _coll.set_value(rt.master_rank, graph.rows, terms.row_values)
+    if ranks == 1:  # every row already here (``rows_on``), the others' rows empty as built
         served.run_alone(served.fn)
         served.alone_rows = graph.rows
         return "on this process's rank alone"

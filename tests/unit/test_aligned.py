@@ -32,6 +32,21 @@ def test_aligned_copy_keeps_the_values_in_aligned_memory(data):
         assert out.ctypes.data % ALIGNMENT == 0
 
 
+@pytest.mark.parametrize("nbytes", [63, 64, 65, 65536 - 8, 65536 + 8, 128 * 1024 + 8, (4 << 20) + 8,
+                                    (32 << 20) + 8])
+def test_aligned_across_the_allocators_size_thresholds(nbytes):
+    """Past glibc's mmap threshold (128 KiB by default, raised as the process
+    frees large blocks) an array comes from its own pages, with a header before
+    the data; the alignment must hold on both sides of every such size."""
+    n = nbytes // 8
+    value = np.arange(n, dtype=np.float64)
+    for _ in range(3):  # fresh blocks and reused ones
+        out = aligned_copy(value)
+        assert out.ctypes.data % ALIGNMENT == 0
+        np.testing.assert_array_equal(out, value)
+        del out
+
+
 def test_aligned_copy_casts_to_the_dtype_asked_for():
     out = aligned_copy([1.7, -2.2, 3.0], "int32")
     assert out.dtype == np.int32 and out.tolist() == [1, -2, 3]

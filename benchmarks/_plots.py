@@ -42,7 +42,7 @@ from _plots_gpu import (
     plot_resnet50_profile,
     plot_resnet50_scaling,
 )
-from _plots_pymc import plot_jax_batched_forms, plot_pymc_likelihood, plot_pymc_loo
+from _plots_pymc import plot_jax_batched_forms, plot_pymc_libraries, plot_pymc_likelihood, plot_pymc_loo
 from _plots_timeline import plot_call_timeline
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "plot_jax_batched_forms",
     "plot_mpi_collectives",
     "plot_pymc_likelihood",
+    "plot_pymc_libraries",
     "plot_pymc_loo",
     "plot_resnet50_profile",
     "plot_resnet50_scaling",
@@ -81,8 +82,10 @@ PLOTTERS = {
     "jax_batched_forms": plot_jax_batched_forms,
     "mpi_collectives": plot_mpi_collectives,
     "pymc_likelihood": plot_pymc_likelihood,
+    "pymc_libraries": plot_pymc_libraries,
     "pymc_loo": plot_pymc_loo,
     "resnet50_profile": plot_resnet50_profile,
+    "rows_kernel_forms": plot_jax_batched_forms,
     "resnet50_scaling": plot_resnet50_scaling,
     "soak": plot_soak,
 }

@@ -1,5 +1,6 @@
-"""Pictures of the PyMC benchmarks: ``pymc_likelihood`` and ``jax_batched_forms``
-(the JAX forms behind docs/pymc.md's note on what is left to gain on a GPU).
+"""Pictures of the PyMC benchmarks: ``pymc_likelihood``, ``pymc_loo``, ``pymc_libraries``
+and ``jax_batched_forms`` (the JAX forms behind docs/pymc.md's note on what is left to
+gain on a GPU).
 
 Each function takes the payload its script wrote (as read back from JSON) and the
 PNG path, and returns the path; ``_plots.write_plot`` calls them through
@@ -11,7 +12,7 @@ is imported inside the functions; no pyplot.
 
 from _plot_common import DPI
 
-__all__ = ["plot_jax_batched_forms", "plot_pymc_likelihood", "plot_pymc_loo"]
+__all__ = ["plot_jax_batched_forms", "plot_pymc_libraries", "plot_pymc_likelihood", "plot_pymc_loo"]
 
 
 def _figure(nrows, ncols, size):
@@ -186,4 +187,47 @@ def plot_pymc_loo(payload, png):
     m = payload.get("machine") or {}
     where = "%s x%s" % (m.get("gpu_name"), m.get("gpus")) if payload.get("gpu") else m.get("cpu_model")
     ax.set_title("PSIS-LOO, %s ranks (%s), float64" % (m.get("ranks"), where), fontsize=10)
+    return _save(fig, png)
+
+
+# ------------------------------------------------------------- pymc_libraries
+def plot_pymc_libraries(payload, png):
+    """Speed of each library model's copy over the original, per logp +
+    gradient: the copy with JAX on the ranks and with the linker timed (its
+    choice in the label), each round's ratio of medians as a point.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``pymc_libraries.py`` wrote: ``records`` (per model), ``settings``
+        and ``machine``.
+    png : str
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    import statistics
+
+    records = payload.get("records") or []
+    if not records:
+        raise ValueError("pymc_libraries payload has no records to plot")
+    fig, axes = _figure(1, 1, (8.0, 4.5))
+    ax = axes[0, 0]
+    labels = ["%s\n(timed: %s)" % (r["model"], r["linker_timed"]) for r in records]
+    sides = (("copy, JAX on the ranks", "copy_jax_ms"), ("copy, linker timed (default)", "copy_timed_ms"))
+    series = [(name, [statistics.median(o / c for o, c in zip(r["original_ms"], r[key])) for r in records])
+              for name, key in sides]
+    _bars(ax, labels, series)
+    for i, (_, key) in enumerate(sides):
+        for j, r in enumerate(records):
+            ratios = [o / c for o, c in zip(r["original_ms"], r[key])]
+            ax.plot([j + (i - 0.5) * 0.4] * len(ratios), ratios, "k.", ms=4)
+    ax.axhline(1.0, color="0.3", lw=1, ls="--")
+    ax.set_ylabel("original / copy, per logp + gradient (rounds as dots)")
+    m, s = payload.get("machine") or {}, payload.get("settings") or {}
+    title = "Library models on %s CPU ranks, %s rows, float64 (%s, %s)" % (
+        s.get("ranks"), s.get("rows"), m.get("cpu_model"), (m.get("time") or "")[:10])
+    ax.set_title(title, fontsize=9)
     return _save(fig, png)

@@ -25,10 +25,12 @@ import signal
 from _flags import REFERENCE_FLAGS
 
 os.environ.setdefault("PYTENSOR_FLAGS", REFERENCE_FLAGS)
-# synkhronos.pymc's copies share their rows among every rank, rather than
-# choosing by timing where they go: a test's path must not hang on how busy the
-# machine is.  tests/processes/test_pymc_placement.py runs the choice.
+# synkhronos.pymc's copies share their rows among every rank, and CPU ranks run
+# them with JAX, rather than choosing either by timing: a test's path must not
+# hang on how busy the machine is.  tests/processes/test_pymc_placement.py and
+# test_pymc_linker.py run the choices.
 os.environ.setdefault("SYNKHRONOS_PYMC_RANKS", "all")
+os.environ.setdefault("SYNKHRONOS_PYMC_LINKER", "jax")
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)

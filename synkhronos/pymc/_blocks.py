@@ -34,7 +34,7 @@ from pytensor.tensor.subtensor import (
     indices_from_subtensor,
 )
 
-from ._scalars import Unsupported, jnp_module, scalar_function
+from ._scalars import Unsupported, jnp_module, scalar_function, shared_exponentials
 
 __all__ = ["Interpreter", "Unsupported", "Value", "comps_from", "MAX_COMPONENTS", "MAX_GROUPS"]
 
@@ -97,6 +97,10 @@ class Interpreter:
     def run(self, env):
         """``env`` (Variable -> Value: the graph's inputs) completed with
         every node of the graph."""
+        with shared_exponentials():
+            return self._run(env)
+
+    def _run(self, env):
         for node in self.fgraph.toposort():
             handler = next((h for t, h in self._handlers.items() if isinstance(node.op, t)), None)
             if handler is None:

@@ -21,11 +21,15 @@ logger = logging.getLogger("synkhronos")
 def distributed(graph, row_values, on=None):
     """The Synkhronos function of ``graph`` (a ``RanksGraph``), distributed,
     with ``row_values`` (the values of ``graph.rows``) scattered over the
-    ranks, or all given to rank ``on``."""
+    ranks, or all given to rank ``on``; ``row_values`` None: the rows are
+    where an earlier function of the same shared variables placed them."""
+    mode = {} if graph.mode is None else {"mode": graph.mode}
     fn = _function.function([], [(o, "sum") for o in graph.outputs], bcast_inputs=graph.inputs + graph.data,
-                            name="pymc rows of %s" % graph.names)
+                            name="pymc rows of %s" % graph.names, **mode)
     _distribute(fn, graph.names)
-    if on is None:
+    if row_values is None:
+        pass
+    elif on is None:
         _coll.scatter(graph.rows, row_values)
     else:
         _coll.set_value(on, graph.rows, row_values)

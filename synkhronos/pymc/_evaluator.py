@@ -1,4 +1,4 @@
-"""This process's side of the ranks' function (the pipeline's tenth stage):
+"""This process's side of the ranks' function (the pipeline's eleventh stage):
 ``Evaluator`` writes the points asked for into the function's broadcast inputs
 and calls it, several chains' points in one call where the graph is batched
 (``_batch``), each packed into one matrix where it was packed (``_packed``).
@@ -8,23 +8,56 @@ any thread of this process, and from this process's children (chains that PyMC
 forked or spawned), whose requests the session's service runs here.
 """
 
+import statistics
+import time
+
 import numpy as np
 
 from .. import _data
 from .._session import runtime
 from ._batch import LINGER, Batcher
 
-__all__ = ["Evaluator", "evaluator"]
+__all__ = ["Evaluator", "evaluator", "evaluator_of", "timed", "times_text"]
+
+_TRIAL_SECONDS = 0.1  # timed calls per batch size, after two untimed ones
+_MIN_CALLS, _MAX_CALLS = 3, 25
 
 
 def evaluator(fn, graph):
-    """``(evaluator, route)``: the ``Evaluator`` of ``fn``, the Synkhronos
-    function of ``graph`` (a ``RanksGraph``), with a ``synk.Data`` to broadcast
-    each input from; and the route by which this process's children reach it
-    (the session's service runs their requests here)."""
-    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in graph.inputs + graph.data]
-    served = Evaluator(fn, datas, len(graph.params), graph.batched, graph.packing, graph.rows)
+    """``(evaluator, route)``: ``evaluator_of(fn, graph)``, and the route by
+    which this process's children reach it (the session's service runs their
+    requests here)."""
+    served = evaluator_of(fn, graph)
     return served, runtime.require().service.route(served.serve, served.linger)
+
+
+def evaluator_of(fn, graph):
+    """The ``Evaluator`` of ``fn``, the Synkhronos function of ``graph`` (a
+    ``RanksGraph``), with a ``synk.Data`` to broadcast each input from."""
+    datas = [_data.data(np.zeros((1,) * v.ndim, dtype=v.dtype)) for v in graph.inputs + graph.data]
+    return Evaluator(fn, datas, len(graph.params), graph.batched, graph.packing, graph.rows)
+
+
+def timed(served, point, sizes):
+    """``{points: median seconds}`` of ``served`` (an ``Evaluator``) evaluating
+    ``point`` that many times in one run, for each of ``sizes``."""
+    times = {}
+    for k in sizes:
+        points = [point] * k
+        for _ in range(2):  # the first compiles
+            served.run(points)
+        each, end = [], time.perf_counter() + _TRIAL_SECONDS
+        while len(each) < _MIN_CALLS or (len(each) < _MAX_CALLS and time.perf_counter() < end):
+            t = time.perf_counter()
+            served.run(points)
+            each.append(time.perf_counter() - t)
+        times[k] = statistics.median(each)
+    return times
+
+
+def times_text(times):
+    """``timed``'s times as the log gives them."""
+    return ", ".join("%.3g ms for %d point%s" % (t * 1e3, k, "s" * (k > 1)) for k, t in times.items())
 
 
 class Evaluator:

@@ -12,11 +12,12 @@ Each stage is one module, called once, in this order:
 7. ``_gpu``: its forms that GPU ranks compute fastest;
 8. ``_packed``: a batched graph's points and results, one matrix each;
 9. ``_distribute``: the graph made a Synkhronos function, sent with the rows;
-10. ``_evaluator``: this process's side of that function, open to its children;
-11. ``_placement``: each evaluation on every rank, or on this process's rank
+10. ``_linker``: on CPU ranks, JAX or PyTensor's own linker, the faster there;
+11. ``_evaluator``: this process's side of that function, open to its children;
+12. ``_placement``: each evaluation on every rank, or on this process's rank
     alone where that is faster;
-12. ``_op``: the Op that calls it, standing for the terms;
-13. ``_copy``: the model's copy that holds the Op in their place.
+13. ``_op``: the Op that calls it, standing for the terms;
+14. ``_copy``: the model's copy that holds the Op in their place.
 
 The other modules are parts that the stages use: ``_gradient`` (the
 log-density's gradient and checks as PyMC compiles them: ``_ranks``,
@@ -43,6 +44,7 @@ from ._copy import with_op
 from ._distribute import distributed
 from ._evaluator import evaluator
 from ._gpu import for_gpu_ranks
+from ._linker import check_linker, linker_chosen
 from ._op import rows_logp
 from ._packed import packed
 from ._placement import check_ranks, placed, rows_on
@@ -132,6 +134,7 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     chosen, n_rows = split_variables(model, observed, rows)
     n = _forked_ranks()
     ranks = check_ranks(ranks, n)
+    check_linker()
     terms = find_terms(model, chosen, n_rows)
     check_rowwise(model, terms, split_bounds(n_rows, n))
     graph = ranks_graph(terms, model.check_bounds)
@@ -140,6 +143,7 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     graph = for_gpu_ranks(graph)
     graph = packed(graph)
     fn = distributed(graph, terms.row_values, on=rows_on(ranks))
+    fn, graph = linker_chosen(fn, graph, terms, model, batch, n_rows if ranks == 1 else -(-n_rows // n))
     served, route = evaluator(fn, graph)
     where = placed(served, graph, terms, model, ranks)
     op = rows_logp(served, route, graph)

@@ -1,4 +1,4 @@
-"""The Op that stands for a model's split terms (the pipeline's twelfth stage):
+"""The Op that stands for a model's split terms (the pipeline's thirteenth stage):
 one Synkhronos call returns each term's log-density summed over the rows and
 its gradient, so PyMC's logp-and-gradient function (whose uses of the Op
 PyTensor merges into one node) costs one round trip.

@@ -1,4 +1,4 @@
-"""Where each evaluation runs (the pipeline's eleventh stage): on every rank,
+"""Where each evaluation runs (the pipeline's twelfth stage): on every rank,
 each with its share of the rows, or on this process's rank alone, holding
 every row, where that is faster.
 
@@ -28,12 +28,12 @@ chosen and the times it rests on.
 import dataclasses
 import logging
 import os
-import statistics
-import time
 
 from .. import _collectives as _coll
 from .._session import runtime
 from ._distribute import distributed
+from ._evaluator import timed as _timed
+from ._evaluator import times_text as _times
 from ._split import initial_inputs
 
 __all__ = ["MARGIN", "RANKS_ENV", "TRIAL_BYTES", "check_ranks", "placed", "rows_on"]
@@ -43,8 +43,6 @@ logger = logging.getLogger("synkhronos")
 MARGIN = 1.1  # how much faster one placement must measure to be taken over the other
 TRIAL_BYTES = 1 << 30  # the most rows copied to this process's rank to time it alone
 RANKS_ENV = "SYNKHRONOS_PYMC_RANKS"  # ``ranks``' default where not given: "all", "1", or unset (timed)
-_TRIAL_SECONDS = 0.1  # timed calls per placement and batch size, after two untimed ones
-_MIN_CALLS, _MAX_CALLS = 3, 25
 _EVERY = float("inf")
 
 
@@ -148,24 +146,3 @@ def _routes(up_to, n):
         return "on this process's rank alone up to %d point%s a call, on %d ranks for more" % (
             up_to, "s" * (up_to > 1), n)
     return "on %d ranks" % n
-
-
-def _timed(served, point, sizes):
-    """``{points: median seconds}`` of ``served`` evaluating ``point`` that many
-    times in one call, for each of ``sizes``."""
-    times = {}
-    for k in sizes:
-        points = [point] * k
-        for _ in range(2):  # the first compiles
-            served.run(points)
-        each, end = [], time.perf_counter() + _TRIAL_SECONDS
-        while len(each) < _MIN_CALLS or (len(each) < _MAX_CALLS and time.perf_counter() < end):
-            t = time.perf_counter()
-            served.run(points)
-            each.append(time.perf_counter() - t)
-        times[k] = statistics.median(each)
-    return times
-
-
-def _times(times):
-    return ", ".join("%.3g ms for %d point%s" % (t * 1e3, k, "s" * (k > 1)) for k, t in times.items())

@@ -36,7 +36,8 @@ class RanksGraph:
     ``outputs``: what the ranks compute from ``inputs + data`` (at first
     ``params`` and ``single``); ``batched``: whether each input holds a leading
     axis of points; ``packing``: a batched graph's one matrix in and out
-    (``_packed``), or None."""
+    (``_packed``), or None; ``mode``: the ranks' mode where it is not their
+    default (``_linker``), or None."""
 
     names: str
     params: list
@@ -49,6 +50,7 @@ class RanksGraph:
     outputs: list
     batched: bool = False
     packing: object = None
+    mode: object = None
 
 
 def ranks_graph(terms, check_bounds):

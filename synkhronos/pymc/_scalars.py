@@ -2,20 +2,27 @@
 on vectors of a block's rows, with JAX.
 
 A Composite's inner graph is walked here; softplus and sigmoid are computed
-from ``exp(-|x|)``, which the kernel's compiler then computes once for every
-one of them of ``x`` or ``-x`` (a Bernoulli's four become one); anything else
-is PyTensor's JAX form, with Python operators where it has them (no stacking of
-a variadic sum, which Triton does not compile).
+from ``exp(-|x|)``: within ``shared_exponentials`` (one walk of a graph), every
+softplus and sigmoid of a value or of its negation shares one ``exp(-|x|)``,
+one ``log1p`` of it and one ``1 / (1 + exp(-|x|))`` (a Bernoulli's two
+softplus and two sigmoids: one of each), the same numbers bit for bit, since
+``|-x|`` is ``|x|``; left to it, the kernel's compiler computed them apart.
+Anything else is PyTensor's JAX form, with Python operators where it has them
+(no stacking of a variadic sum, which Triton does not compile).
 """
 
+import contextlib
 import functools
+import threading
 
 import numpy as np
 from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 from pytensor.scalar import basic as ps
 
-__all__ = ["Unsupported", "jnp_module", "scalar_function"]
+__all__ = ["Unsupported", "jnp_module", "scalar_function", "shared_exponentials"]
+
+_walk = threading.local()  # .negations: id(-a) -> (-a, a); .parts: (id(a), part) -> (a, value)
 
 
 class Unsupported(Exception):
@@ -41,6 +48,8 @@ def scalar_function(scalar_op, dtypes):
         return _softplus
     if isinstance(scalar_op, Sigmoid):
         return _sigmoid
+    if isinstance(scalar_op, ps.Neg):
+        return _neg
     ins = [ps.get_scalar_type(d)() for d in dtypes]
     inner = jax_funcify(FunctionGraph(ins, scalar_op.make_node(*ins).outputs, clone=False))
     return lambda *a: (lambda r: r[0] if len(r) == 1 else r)(inner(*a))
@@ -67,17 +76,56 @@ def _scalar_constant(var):
     return np.asarray(var.data, dtype=var.dtype)[()]
 
 
-def _exp_neg_abs(x):
-    jnp = jnp_module()
-    return jnp.exp(-jnp.abs(x))
+@contextlib.contextmanager
+def shared_exponentials():
+    """Within: softplus and sigmoid of ``x`` and of ``-x`` share their parts
+    (see the module's docstring)."""
+    if getattr(_walk, "parts", None) is not None:  # (a walk inside a walk: the outer one's)
+        yield
+        return
+    _walk.negations, _walk.parts = {}, {}
+    try:
+        yield
+    finally:
+        del _walk.negations, _walk.parts
+
+
+def _neg(a):
+    out = -a
+    negations = getattr(_walk, "negations", None)
+    if negations is not None:
+        negations[id(out)] = (out, a)  # (both kept alive: their ids stay theirs for the walk)
+    return out
+
+
+def _part(x, name):
+    """``exp(-|x|)`` ("exp"), its ``log1p`` ("log1p") or ``1 / (1 + exp(-|x|))``
+    ("inverse"), once per value and its negation within a walk."""
+    parts = getattr(_walk, "parts", None)
+    if parts is None:
+        return _PARTS[name](x)
+    negated = _walk.negations.get(id(x))
+    base = negated[1] if negated is not None and negated[0] is x else x
+    hit = parts.get((id(base), name))
+    if hit is None or hit[0] is not base:
+        hit = parts[(id(base), name)] = (base, _PARTS[name](base))
+    return hit[1]
+
+
+_PARTS = {
+    "exp": lambda x: jnp_module().exp(-jnp_module().abs(x)),
+    "log1p": lambda x: jnp_module().log1p(_part(x, "exp")),
+    "inverse": lambda x: 1 / (1 + _part(x, "exp")),
+}
 
 
 def _softplus(x):
-    jnp = jnp_module()
-    return jnp.maximum(x, 0) + jnp.log1p(_exp_neg_abs(x))
+    return jnp_module().maximum(x, 0) + _part(x, "log1p")
 
 
 def _sigmoid(x):
     jnp = jnp_module()
-    e = _exp_neg_abs(x)
-    return jnp.where(x >= 0, 1, e) * (1 / (1 + e))
+    if getattr(_walk, "parts", None) is None:  # (outside a walk: its own exponential, read twice)
+        e = jnp.exp(-jnp.abs(x))
+        return jnp.where(x >= 0, 1, e) * (1 / (1 + e))
+    return jnp.where(x >= 0, 1, _part(x, "exp")) * _part(x, "inverse")

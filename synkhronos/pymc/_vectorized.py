@@ -43,7 +43,7 @@ from .._graph.editing import continuous, rewritten, scalar_constant
 from .._session import runtime
 from ._gradient import gradient, parameter_checks
 
-__all__ = ["bounded_checks", "summed_checks", "vectorized"]
+__all__ = ["bounded_checks", "jax_compiles", "summed_checks", "vectorized"]
 
 logger = logging.getLogger("synkhronos")
 
@@ -53,7 +53,7 @@ def vectorized(graph, batch, check_bounds):
     False or None: where the ranks compile with JAX) asks for it and PyTensor
     can; as it is otherwise."""
     if batch is None:
-        batch = _jax_compiles(graph.single)
+        batch = jax_compiles(graph.single)
     found = batch and _batched(graph.params, graph.single, graph.totals, check_bounds)
     if not found:
         return graph
@@ -61,7 +61,7 @@ def vectorized(graph, batch, check_bounds):
     return dataclasses.replace(graph, inputs=stacked, outputs=outputs, batched=True)
 
 
-def _jax_compiles(outputs):
+def jax_compiles(outputs):
     """Whether the ranks compile ``outputs`` with JAX: GPU ranks, and CPU ranks
     where JAX is Synkhronos' default linker, for a graph PyTensor's JAX backend
     converts (a batched pass pays only there: see the docs page "PyMC")."""

@@ -165,6 +165,36 @@ def test_jax_batched_forms_agree_and_write_png(tmp_path):
     assert os.path.getsize(png) > 10_000
 
 
+def test_rows_kernel_forms_agree_and_write_png(tmp_path):
+    """Runs for real under Pallas's interpreter (no GPU here): the rows kernel
+    with and without shared exponentials and every hand-written form give
+    numpy's logp and gradient."""
+    pytest.importorskip("pymc")  # (the kernel's forms are synkhronos.pymc's)
+    pytest.importorskip("jax")
+    out = str(tmp_path / "rows_kernel_forms.json")
+    _run_ok(os.path.join(BENCH, "rows_kernel_forms.py"), "--rows", "700", "--points", "1,3", "--reps", "2",
+            "--rounds", "1", "--out", out)
+    with open(out) as f:
+        records = json.load(f)["records"]
+    forms = {r["form"] for r in records}
+    assert len(records) == 2 * len(forms) and {"kernel", "kernel_apart", "hand_one_read"} <= forms
+    for r in records:
+        assert r["rel_err"] < (1e-5 if r["form"] == "hand_f32_math" else 1e-12), r
+    assert os.path.getsize(out[:-5] + ".png") > 10_000
+
+
+def test_pymc_libraries_draws_its_payload(tmp_path):
+    """The library models' picture from a payload as the script writes it
+    (running the models needs bambi or pymc-marketing and minutes)."""
+    records = [{"model": m, "rows": 1000, "linker_timed": linker, "original_ms": [2.0, 2.2, 2.1],
+                "copy_jax_ms": [1.9, 2.0, 2.1], "copy_timed_ms": [1.0, 1.1, 1.2]}
+               for m, linker in (("bambi_normal", "Numba"), ("betageo", "C"))]
+    out = str(tmp_path / "pymc_libraries.json")
+    _common.write_results(out, {"benchmark": "pymc_libraries", "machine": _machine(), "records": records,
+                                "settings": {"ranks": 2, "rows": 1000}})
+    assert os.path.getsize(out[:-5] + ".png") > 10_000
+
+
 def test_mpi_collectives_writes_png(tmp_path):
     """Runs for real at its smallest settings: raw mpi4py, synk under mpirun, synk on one host."""
     from _mpirun import MPIRUN

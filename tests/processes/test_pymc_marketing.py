@@ -48,3 +48,18 @@ def test_clv_models_split_with_pymcs_density(session, name, batched):
     assert [v.name for v in split.observed_RVs] == [v.name for v in model.observed_RVs]
     assert rows_op_of(split)[0].evaluator.batched == batched
     assert_same_density(model, split, rtol=1e-9)
+
+
+def test_a_graph_jax_cannot_convert_is_not_timed_against_jax(session, monkeypatch):
+    """ParetoNBD's ranks link with PyTensor's own already: nothing more is
+    compiled for the CPU ranks' linker trial (``_linker``), however many rows."""
+    from synkhronos.pymc import _linker
+
+    monkeypatch.delenv(_linker.LINKER_ENV, raising=False)
+    monkeypatch.setattr(_linker, "TRIAL_ROWS", 10)
+    built = []
+    monkeypatch.setattr(_linker, "distributed", lambda *a: built.append(a))
+    model = clv.ParetoNBDModel(data=customers(n=300))
+    model.build_model()
+    data_parallel(model.model)
+    assert not built

@@ -5,6 +5,7 @@ the block size, any number of points and features, in float32 and float64,
 with a coefficient per group picked by each row's group too; what it does not
 handle falls back to the batched graph."""
 
+import contextlib
 import logging
 import pickle
 
@@ -93,3 +94,41 @@ def test_the_op_pickles_and_computes_the_batched_graph_outside_jax():
     point = [rng.standard_normal((1, 2)), rng.standard_normal(1)]
     for g, w in zip(fn(*point, x, y), numpy_glm("bernoulli", [point[0][0], point[1][0]], x, y)):
         np.testing.assert_allclose(g[0], w, rtol=1e-12)
+
+
+def _primitives(jaxpr, found):
+    """Every primitive's count in ``jaxpr`` and the jaxprs inside it (the
+    kernel's body is in the ``pallas_call``'s parameters)."""
+    for eqn in jaxpr.eqns:
+        found[eqn.primitive.name] = found.get(eqn.primitive.name, 0) + 1
+        for p in eqn.params.values():
+            inner = getattr(p, "jaxpr", p)
+            inner = getattr(inner, "jaxpr", inner)
+            if hasattr(inner, "eqns"):
+                _primitives(inner, found)
+    return found
+
+
+def test_a_bernoullis_softplus_and_sigmoid_of_eta_and_minus_eta_share_one_exponential(monkeypatch):
+    """PyMC's Bernoulli holds softplus and sigmoid of ``eta`` and of ``-eta``:
+    the kernel computes one ``exp(-|eta|)``, one ``log1p`` and one division
+    for the four, with the same values bit for bit as each computed apart."""
+    from synkhronos.pymc import _blocks
+
+    params, rows, single = glm("bernoulli", 3, "float64")
+    rng = np.random.default_rng(1)
+    values = draw_rows("bernoulli", rng, 700, 3, "float64")
+    stacked = [rng.standard_normal((2,) + p.type.shape) * 3 for p in params]  # (|eta| large and small)
+
+    def run():
+        kernel = jax_form(kernel_op(params, rows, single), interpret=True)
+        found = _primitives(jax.make_jaxpr(kernel)(*stacked, *values).jaxpr, {})
+        return found, [np.asarray(o) for o in jax.jit(kernel)(*stacked, *values)]
+
+    shared, got = run()
+    assert (shared["exp"], shared["log1p"], shared["div"]) == (1, 1, 1)
+    monkeypatch.setattr(_blocks, "shared_exponentials", contextlib.nullcontext)
+    apart, want = run()
+    assert apart["exp"] == 4  # (each of the four its own, as the release before computed them)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

@@ -1,0 +1,225 @@
+"""The GPU ranks' rows kernel (``synkhronos.pymc._kernel``) for K points of a
+logistic regression, against forms of the same kernel written by hand in
+Pallas: what limits it as points are added.
+
+Forms, each a Pallas kernel over blocks of 256 rows (float64, JAX's 64-bit
+mode), timed as a jitted call with its points and rows on the GPU:
+
+* ``kernel``: ``RowsKernel`` as built for PyMC's Bernoulli graph (the
+  log-density and gradient of ``eta = x @ beta + alpha`` as PyMC writes them,
+  from the tests' ``_pymc_glm``), as the ranks run it;
+* ``kernel_apart``: the same with each softplus and sigmoid computing its own
+  ``exp(-|eta|)`` (``_scalars.shared_exponentials`` off: the release before);
+* ``hand``: the same pass written by hand (one exponential, one ``log1p``);
+* ``hand_loop``: each program 8 blocks in a loop, the row sums kept as vectors
+  and reduced once (fewer, longer programs);
+* ``hand_f32_math``: ``hand`` with its arithmetic in float32 (rows still read
+  in float64): how much of each point's time is float64 arithmetic;
+* ``hand_points_inner``: ``hand`` with the grid's axes swapped (blocks, then
+  points), so that the programs of one block run next to each other;
+* ``hand_one_read``: one program per block for all the points, the rows read
+  once.
+
+Every form is checked against numpy on the first 20,000 rows (the largest
+relative difference is printed).  Prints a table, writes JSON and a PNG
+(``benchmarks/plot.py`` redraws it).  Made for a GPU (Triton); elsewhere Pallas
+interprets every form (a check of the script, not a measurement).
+"""
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+import numpy as np
+from _common import default_out, gpu_name, machine_info, print_machine, table, write_results
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+D = 5  # features
+BLOCK = 256
+FORMS = ("kernel", "kernel_apart", "hand", "hand_loop", "hand_f32_math", "hand_points_inner", "hand_one_read")
+
+
+def _row_math(xs, y, q, jnp):
+    """Each row's log-density and gradient factor, PyMC's Bernoulli (a switch
+    on y), softplus and sigmoid from one exp(-|eta|)."""
+    eta = q[D]
+    for j in range(D):
+        eta = eta + xs[j] * q[j]
+    e = jnp.exp(-jnp.abs(eta))
+    l1 = jnp.log1p(e)
+    one = y == 1
+    logp = jnp.where(one, -(jnp.maximum(-eta, 0) + l1), -(jnp.maximum(eta, 0) + l1))
+    s = jnp.where(eta >= 0, 1, e) * (1 / (1 + e))
+    return [logp] + [jnp.where(one, 1 - s, -s) * xs[j] for j in range(D)] + [jnp.where(one, 1 - s, -s)]
+
+
+def _hand(points, n, loop=1, f32=False, inner=False, one_read=False):
+    """``f(q (points x D+1), x, y) -> (points, D+2)``: logp, gradient by beta, by alpha."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plt
+
+    blocks = -(-n // BLOCK)
+    programs = -(-blocks // loop)
+    dtype = jnp.float64
+
+    def body(q_ref, x_ref, y_ref, o_ref):
+        if one_read:
+            return _one_read(q_ref, x_ref, y_ref, o_ref)
+        k, pid = (pl.program_id(1), pl.program_id(0)) if inner else (pl.program_id(0), pl.program_id(1))
+        q = [q_ref[k * (D + 1) + j] for j in range(D + 1)]
+        if f32:
+            q = [v.astype(jnp.float32) for v in q]
+
+        def block(i, acc):
+            index = (pid * loop + i) * BLOCK + jnp.arange(BLOCK)
+            mask = index < n
+            safe = jnp.where(mask, index, 0)
+            xs = [plt.load(x_ref.at[safe * D + j], mask=mask, other=0) for j in range(D)]
+            y = plt.load(y_ref.at[safe], mask=mask, other=0)
+            if f32:
+                xs = [v.astype(jnp.float32) for v in xs]
+            vals = [jnp.where(mask, v, 0).astype(dtype) for v in _row_math(xs, y, q, jnp)]
+            return tuple(a + v for a, v in zip(acc, vals))
+
+        zeros = tuple(jnp.zeros((BLOCK,), dtype) for _ in range(D + 2))
+        acc = block(0, zeros) if loop == 1 else jax.lax.fori_loop(0, loop, block, zeros)
+        for m, a in enumerate(acc):
+            o_ref[k * (D + 2) + m, pid] = jnp.sum(a)
+
+    def _one_read(q_ref, x_ref, y_ref, o_ref):
+        pid = pl.program_id(0)
+        index = pid * BLOCK + jnp.arange(BLOCK)
+        mask = index < n
+        safe = jnp.where(mask, index, 0)
+        xs = [plt.load(x_ref.at[safe * D + j], mask=mask, other=0) for j in range(D)]
+        y = plt.load(y_ref.at[safe], mask=mask, other=0)
+        for k in range(points):
+            q = [q_ref[k * (D + 1) + j] for j in range(D + 1)]
+            for m, v in enumerate(_row_math(xs, y, q, jnp)):
+                o_ref[k * (D + 2) + m, pid] = jnp.sum(jnp.where(mask, v, 0))
+
+    grid = (programs,) if one_read else ((programs, points) if inner else (points, programs))
+    call = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((points * (D + 2), programs), dtype),
+                          grid=grid, interpret=jax.default_backend() != "gpu")
+    def f(q, x, y):
+        return jnp.sum(call(q.reshape(-1), x.reshape(-1), y), axis=1).reshape(points, D + 2)
+    return jax.jit(f)
+
+
+def _kernel(apart):
+    """The rows kernel as built, ``f(q, x, y)`` in the hand forms' layout,
+    traced (at its first call) with softplus and sigmoid sharing their parts,
+    or ``apart``."""
+    import jax
+    import jax.numpy as jnp
+    from _pymc_glm import glm, kernel_op
+
+    from synkhronos.pymc import _blocks
+    from synkhronos.pymc._kernel import jax_form
+
+    params, rows, single = glm("bernoulli", D, "float64")
+    kernel = jax_form(kernel_op(params, rows, single))
+
+    @jax.jit
+    def jitted(q, x, y):
+        logp, grad_beta, grad_alpha = kernel(q[:, :D], q[:, D], x, y)
+        return jnp.concatenate([logp[:, None], grad_beta, grad_alpha[:, None]], axis=1)
+
+    def f(q, x, y):
+        with _shared(_blocks, not apart):
+            return jitted(q, x, y)
+    return f
+
+
+@contextlib.contextmanager
+def _shared(blocks, on):
+    kept = blocks.shared_exponentials
+    if not on:
+        blocks.shared_exponentials = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        blocks.shared_exponentials = kept
+
+
+def _numpy(q, x, y):
+    out = []
+    for qk in q:
+        eta = x @ qk[:D] + qk[D]
+        s = 1 / (1 + np.exp(-eta))
+        r = np.where(y == 1, 1 - s, -s)
+        logp = np.where(y == 1, -np.logaddexp(0, -eta), -np.logaddexp(0, eta)).sum()
+        out.append([logp, *(x.T @ r), r.sum()])
+    return np.array(out)
+
+
+def _ms(f, args, reps):
+    f(*args).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(*args).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 1e3 * float(np.median(times))
+
+
+def _make(form, points, n):
+    if form in ("kernel", "kernel_apart"):
+        return _kernel(form == "kernel_apart")
+    return _hand(points, n, loop=8 if form == "hand_loop" else 1, f32=form == "hand_f32_math",
+                 inner=form == "hand_points_inner", one_read=form == "hand_one_read")
+
+
+def measure(args):
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(0)
+    x_host = rng.standard_normal((args.rows, D))
+    y_host = rng.integers(0, 2, args.rows)
+    x, y = jax.device_put(x_host), jax.device_put(y_host)
+    m = min(args.rows, 20_000)
+    x_small, y_small = jax.device_put(x_host[:m]), jax.device_put(y_host[:m])
+    records = []
+    for k in args.points:
+        q = jax.device_put(rng.standard_normal((k, D + 1)) * 0.3)
+        want = _numpy(np.asarray(q), x_host[:m], y_host[:m])
+        for form in FORMS:
+            got = np.asarray(_make(form, k, m)(q, x_small, y_small))
+            err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
+            f = _make(form, k, args.rows)
+            ms = min(_ms(f, (q, x, y), args.reps) for _ in range(args.rounds))
+            records.append(dict(form=form, points=k, ms=ms, rel_err=err))
+            print("  %-14s %d point(s): %.3f ms (max rel diff %.1e)" % (form, k, ms, err), flush=True)
+    dev = jax.devices()[0]
+    return records, dict(device=str(dev.device_kind), platform=dev.platform, jax=jax.__version__)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=lambda s: int(float(s)), default=10_000_000)
+    p.add_argument("--points", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2, 4])
+    p.add_argument("--reps", type=int, default=100, help="calls per median")
+    p.add_argument("--rounds", type=int, default=2, help="medians per form and point count (the least kept)")
+    p.add_argument("--out", default=default_out(__file__))
+    args = p.parse_args(argv)
+    info = machine_info()
+    print_machine(info)
+    records, meta = measure(args)
+    one = {r["form"]: r["ms"] for r in records if r["points"] == 1}
+    print("\n%s (jax %s), %g x %d float64 rows, float64 on every form but hand_f32_math's arithmetic"
+          % (meta["device"], meta["jax"], args.rows, D))
+    print(table(["form", "points", "ms", "of 1 point's", "max rel diff"],
+                [[r["form"], r["points"], "%.3f" % r["ms"], "%.2fx" % (r["ms"] / one[r["form"]]),
+                  "%.1e" % r["rel_err"]] for r in records]))
+    write_results(args.out, dict(benchmark="rows_kernel_forms", machine=info, gpu=gpu_name(), rows=args.rows,
+                                 features=D, reps=args.reps, **meta, records=records))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

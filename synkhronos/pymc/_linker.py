@@ -53,19 +53,17 @@ def linker_chosen(fn, graph, terms, model, batch, busiest):
     ``RanksGraph`` compiled with the ranks' default linker, ``busiest`` rows on
     the rank holding most), or a function of the same rows compiled with
     PyTensor's own linker and its graph, as the module's docstring says."""
-    device = runtime.require().device
-    if (device.name == "gpu" or not device.jax_default or batch is not None or busiest < TRIAL_ROWS
-            or check_linker() == "jax" or not (graph.batched or jax_compiles(graph.single))):
-        return fn, graph  # (a graph JAX does not convert: the ranks link it with PyTensor's own already)
+    if not _to_time(graph, batch, busiest):
+        return fn, graph
     own_graph = dataclasses.replace(graph, inputs=graph.params, outputs=graph.single, batched=False,
                                     packing=None, mode=OWN_LINKER)
-    own = distributed(own_graph, None)  # (the rows are where ``fn``'s placed them)
     try:
+        own = distributed(own_graph, None)  # (the rows are where ``fn``'s placed them)
         point = initial_inputs(model, terms)
         sizes = (1, 4) if graph.batched else (1,)
         t_jax = _timed(evaluator_of(fn, graph), point, sizes)
         t_own = _timed(evaluator_of(own, own_graph), point, sizes)
-    except Exception as exc:  # (at the initial point the graph may raise; evaluations will say why)
+    except Exception as exc:  # (the one-point graph may not pickle; at the initial point it may raise)
         logger.warning("synkhronos.pymc: %s: linkers not timed (%s: %s); the ranks run JAX", graph.names,
                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return fn, graph
@@ -74,3 +72,14 @@ def linker_chosen(fn, graph, terms, model, batch, busiest):
                 graph.names, "PyTensor's own linker, one point a call" if faster else "JAX", _times(t_own),
                 ", several points a call" if graph.batched else "", _times(t_jax))
     return (own, own_graph) if faster else (fn, graph)
+
+
+def _to_time(graph, batch, busiest):
+    """Whether both linkers are timed: CPU ranks compiling with JAX by default,
+    ``batch`` not given, enough rows, not ``$SYNKHRONOS_PYMC_LINKER=jax``, and
+    a graph JAX converts (one it does not, the ranks link with PyTensor's own
+    already)."""
+    device = runtime.require().device
+    if device.name == "gpu" or not device.jax_default or batch is not None or busiest < TRIAL_ROWS:
+        return False
+    return check_linker() == "timed" and (graph.batched or jax_compiles(graph.single))

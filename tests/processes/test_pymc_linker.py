@@ -120,15 +120,20 @@ def test_not_timed_where_it_is_not_to_be(session, trial, monkeypatch, how):
     assert not _runs_own(copy)
 
 
-def test_a_timing_that_raises_keeps_jax(session, trial, monkeypatch, caplog):
+@pytest.mark.parametrize("where, error", [
+    ("_timed", FloatingPointError("at the initial point\nmore")),
+    ("distributed", ValueError("observed 'y': its log-density graph cannot be sent to the ranks")),
+], ids=["timing", "sending"])
+def test_a_trial_that_raises_keeps_jax(session, trial, monkeypatch, caplog, where, error):
     def fails(*args):
-        raise FloatingPointError("at the initial point\nmore")
+        raise error
 
-    monkeypatch.setattr(_linker, "_timed", fails)
+    monkeypatch.setattr(_linker, where, fails)
     model = logistic_with_dims(n=N)
     with caplog.at_level(logging.WARNING, logger="synkhronos"):
         copy = data_parallel(model)
-    assert "linkers not timed (FloatingPointError: at the initial point); the ranks run JAX" in caplog.text
+    said = "%s: %s" % (type(error).__name__, str(error).splitlines()[0])
+    assert "linkers not timed (%s); the ranks run JAX" % said in caplog.text
     assert not _runs_own(copy)
     assert_same_density(model, copy, rtol=1e-9)
 

@@ -142,3 +142,19 @@ def test_a_bad_environment_value_is_refused(session, monkeypatch):
     monkeypatch.setenv(_linker.LINKER_ENV, "numba")
     with pytest.raises(ValueError, match="SYNKHRONOS_PYMC_LINKER must be 'jax' .* got 'numba'"):
         data_parallel(logistic_with_dims(n=20))
+
+
+def test_threads_at_once_and_forked_chains_run_pytensors_own(session, timings):
+    """The copy on PyTensor's own linker, one point a call: chains in threads
+    (nutpie's) each get PyMC's numbers for their own points, and chains that
+    PyMC forks sample through this process."""
+    import test_pymc_chains as chains
+
+    timings.extend([(2.0, 4.0), (1.0, 2.0)] * 2)
+    chains.test_threads_at_once_get_their_own_logp_and_gradient((chains.logistic(), None), None)
+    copy = data_parallel(logistic_with_dims(n=N))
+    assert not timings and _runs_own(copy)
+    idata = pm.sample(draws=20, tune=20, chains=2, cores=2, model=copy, random_seed=4, progressbar=False,
+                      compute_convergence_checks=False)
+    assert np.isfinite(idata.sample_stats["lp"].values).all()
+    assert sum(_served(copy).batcher.sizes.values()) > 80  # the children's evaluations ran here

@@ -217,13 +217,11 @@ def plot_pymc_libraries(payload, png):
     ax = axes[0, 0]
     labels = ["%s\n(timed: %s)" % (r["model"], r["linker_timed"]) for r in records]
     sides = (("copy, JAX on the ranks", "copy_jax_ms"), ("copy, linker timed (default)", "copy_timed_ms"))
-    series = [(name, [statistics.median(o / c for o, c in zip(r["original_ms"], r[key])) for r in records])
-              for name, key in sides]
-    _bars(ax, labels, series)
+    ratios = {key: [[o / c for o, c in zip(r["original_ms"], r[key])] for r in records] for _, key in sides}
+    _bars(ax, labels, [(name, [statistics.median(each) for each in ratios[key]]) for name, key in sides])
     for i, (_, key) in enumerate(sides):
-        for j, r in enumerate(records):
-            ratios = [o / c for o, c in zip(r["original_ms"], r[key])]
-            ax.plot([j + (i - 0.5) * 0.4] * len(ratios), ratios, "k.", ms=4)
+        for j, each in enumerate(ratios[key]):
+            ax.plot([j + (i - 0.5) * 0.4] * len(each), each, "k.", ms=4)
     ax.axhline(1.0, color="0.3", lw=1, ls="--")
     ax.set_ylabel("original / copy, per logp + gradient (rounds as dots)")
     m, s = payload.get("machine") or {}, payload.get("settings") or {}

@@ -14,20 +14,21 @@ with ``SYNKHRONOS_PYMC_LINKER=jax`` (JAX on the ranks, untimed) and one with the
 linker timed (the default), each ``data_parallel``'s wall time recorded and
 which linker the timed copy runs.  Then ``--rounds`` rounds of the original's
 ``logp_dlogp_function``, the JAX copy's and the timed copy's, alternated, each
-the median of ``--evals`` calls at the model's initial point.  float64 on every
+the median of ``--evals`` calls at a point near the model's initial one.  float64 on every
 side (PyMC's default).  Prints a table, writes JSON and a PNG
 (``benchmarks/plot.py`` redraws it).
 """
 
 import argparse
-import contextlib
 import logging
 import os
 import sys
 import time
+from unittest import mock
 
 import numpy as np
 from _common import default_out, machine_info, median, module_version, print_machine, table, write_results
+from _pymc_models import evaluator, per_eval_ms
 
 MODELS = ("bambi_normal", "bambi_bernoulli", "betageo", "paretonbd")
 
@@ -81,28 +82,14 @@ BUILDERS = {
 }
 
 
-@contextlib.contextmanager
-def _linker_env(value):
-    from synkhronos.pymc._linker import LINKER_ENV
-
-    before = os.environ.get(LINKER_ENV)
-    os.environ[LINKER_ENV] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[LINKER_ENV]
-        else:
-            os.environ[LINKER_ENV] = before
-
-
 def _copy(model, linker):
     """``(copy, seconds, the ranks' linker)``: ``data_parallel`` under
     ``$SYNKHRONOS_PYMC_LINKER=linker``."""
     from synkhronos.pymc import data_parallel
+    from synkhronos.pymc._linker import LINKER_ENV
     from synkhronos.pymc._loo import rows_op_of
 
-    with _linker_env(linker):
+    with mock.patch.dict(os.environ, {LINKER_ENV: linker}):
         t = time.perf_counter()
         copy = data_parallel(model)
         seconds = time.perf_counter() - t
@@ -111,21 +98,9 @@ def _copy(model, linker):
 
 
 def _per_eval_ms(model, evals):
-    fn = model.logp_dlogp_function(ravel_inputs=True)
-    fn.set_extra_values({})
-    point = model.initial_point()
-    q = np.concatenate([np.ravel(point[v.name]) for v in model.value_vars])
-
-    def measure():
-        fn(q)
-        times = []
-        for _ in range(evals):
-            t = time.perf_counter()
-            fn(q)
-            times.append(time.perf_counter() - t)
-        return 1e3 * median(times)
-
-    return measure
+    """A measurement: ms per logp + gradient of ``model`` (median of ``evals``)."""
+    fn, q = evaluator(model)
+    return lambda: per_eval_ms(fn, q, evals)
 
 
 def run_model(name, args):
@@ -179,7 +154,7 @@ def main(argv=None):
         records = [run_model(m, args) for m in runnable]
     finally:
         synk.close()
-    print("\n%d CPU ranks, float64 both sides; ms per logp + gradient at the initial point, medians of %d "
+    print("\n%d CPU ranks, float64 both sides; ms per logp + gradient near the initial point, medians of %d "
           "calls, %d alternated rounds (range over rounds)" % (args.ranks, args.evals, args.rounds))
     print(table(["model", "rows", "original ms", "copy, JAX ms", "copy, timed ms", "timed chose",
                  "timed / original speedup", "data_parallel s (JAX / timed)"],

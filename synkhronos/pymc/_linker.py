@@ -55,8 +55,7 @@ def linker_chosen(fn, graph, terms, model, batch, busiest):
     PyTensor's own linker and its graph, as the module's docstring says."""
     if not _to_time(graph, batch, busiest):
         return fn, graph
-    own_graph = dataclasses.replace(graph, inputs=graph.params, outputs=graph.single, batched=False,
-                                    packing=None, mode=OWN_LINKER)
+    own_graph = dataclasses.replace(graph.one_point(), mode=OWN_LINKER)
     try:
         own = distributed(own_graph, None)  # (the rows are where ``fn``'s placed them)
         point = initial_inputs(model, terms)

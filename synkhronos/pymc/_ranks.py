@@ -52,6 +52,10 @@ class RanksGraph:
     packing: object = None
     mode: object = None
 
+    def one_point(self):
+        """This graph's form of one point a call: ``params`` in, ``single`` out."""
+        return dataclasses.replace(self, inputs=self.params, outputs=self.single, batched=False, packing=None)
+
 
 def ranks_graph(terms, check_bounds):
     """The ``RanksGraph`` of ``terms``, PyMC's parameter checks compiled as

@@ -9,8 +9,6 @@ may pickle where the batched one does not; a graph that does not pickle either
 way is refused, naming the terms, which the user can leave to this process.
 """
 
-import dataclasses
-
 __all__ = ["sendable"]
 
 
@@ -19,7 +17,7 @@ def sendable(graph):
     pickles; raise ValueError where neither does."""
     from .._wire.pickling import dumps_cores
 
-    one_point = dataclasses.replace(graph, inputs=graph.params, outputs=graph.single, batched=False)
+    one_point = graph.one_point()
     for form in [graph, one_point] if graph.batched else [one_point]:
         try:
             dumps_cores(form.outputs)

@@ -16,18 +16,20 @@ def kernel_op(params, rows, single):
 
 
 GROUPS = 5  # the "groups" family's intercepts
+_INDEX = {"groups": "int32", "groups_u8": "uint8"}  # each "groups" family's index dtype
 
 
 def glm(family, d, dtype):
     """A GLM's log-density and gradient of one point, as PyMC writes them:
     ``(params, rows, [logp] + gradient)``.  Families: "bernoulli" (logit
     link), "normal" (its constant counts the rows), "groups" (a Normal with an
-    intercept per group, picked by each row's group)."""
+    intercept per group, picked by each row's group), "groups_u8" (the same,
+    its group index unsigned, as ``_rowdata`` holds one)."""
     x = pt.tensor("x", dtype=dtype, shape=(None, d))
     beta = pt.tensor("beta", dtype=dtype, shape=(d,))
-    if family == "groups":
+    if family.startswith("groups"):
         alpha = pt.tensor("alpha", dtype=dtype, shape=(GROUPS,))
-        g = pt.tensor("g", dtype="int32", shape=(None,))
+        g = pt.tensor("g", dtype=_INDEX[family], shape=(None,))
         y = pt.tensor("y", dtype=dtype, shape=(None,))
         total = (-0.5 * (y - x @ beta - alpha[g]) ** 2).sum()
         params = [beta, alpha]
@@ -56,13 +58,14 @@ def draw_rows(family, rng, n, d, dtype):
     if family == "bernoulli":
         return [x, rng.integers(0, 2, n)]
     y = rng.standard_normal(n).astype(dtype)
-    return [x, y] + ([rng.integers(0, GROUPS, n).astype("int32")] if family == "groups" else [])
+    groups = [rng.integers(0, GROUPS, n).astype(_INDEX[family])] if family.startswith("groups") else []
+    return [x, y] + groups
 
 
 def numpy_glm(family, point, x, y, g=None):
     """numpy's log-density and gradient of one point (in float64)."""
     beta, alpha = point[0], point[1]
-    if family == "groups":
+    if family.startswith("groups"):
         r = y - x @ beta - alpha[g]
         return [(-0.5 * r**2).sum(), x.T @ r, np.bincount(g, r, minlength=GROUPS)]
     eta = x @ beta + alpha

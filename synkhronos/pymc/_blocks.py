@@ -232,7 +232,7 @@ class Interpreter:
         for rest in np.ndindex(x.comps.shape[1:]):
             value = x.comps[(0,) + rest]
             for k in range(1, groups):
-                value = jnp.where((g == k) | (g == k - groups), x.comps[(k,) + rest], value)
+                value = jnp.where(_at_group(g, k, groups), x.comps[(k,) + rest], value)
             out[(0,) + rest] = value
         return [Value(out, 0)]
 
@@ -249,7 +249,7 @@ class Interpreter:
         jnp = jnp_module()
         for idx in np.ndindex(x.comps.shape):
             k, rest = idx[0], idx[1:]
-            mine = jnp.where((g == k) | (g == k - groups), comps[(0,) + rest], 0)
+            mine = jnp.where(_at_group(g, k, groups), comps[(0,) + rest], 0)
             out[idx] = x.comps[idx] + self._row_reduce(ps.add, mine)
         return [Value(out, None)]
 
@@ -320,6 +320,15 @@ def _reduction(scalar_op):
 
 def _identity(scalar_op):
     return _reduction(scalar_op)[0]
+
+
+def _at_group(g, k, groups):
+    """Where index ``g`` picks group ``k`` of ``groups``: ``k``, or ``k - groups``
+    counted from the end (signed indices only: ``_rowdata`` holds a group index
+    that is never negative unsigned)."""
+    if np.dtype(g.dtype).kind == "u":
+        return g == k
+    return (g == k) | (g == k - groups)
 
 
 def _cast(v, dtype):

@@ -74,7 +74,7 @@ class Evaluator:
         self.datas = datas
         self.n_params = n_params
         self.batched = batched
-        self.packing = packing  # a batched call's one matrix in and out (``_packed``), or None
+        self.packing = packing  # one array in and one out (``_packed``), or None
         self.linger = LINGER if batched else 0.0
         self.batcher = Batcher(self.run, linger=self.linger)
         self.rt = fn._rt
@@ -105,11 +105,19 @@ class Evaluator:
         waiting for others)."""
         with runtime.locked():  # the Data are written, then read by the call, as one step
             if not self.batched:
-                return [self._call(p, 1) for p in points]
+                return [self._call_one(p) for p in points]
             results = []
             for group in _same_data(points, self.n_params):
                 results += zip(group.keys, self._call_batched(group))
             return [r for _, r in sorted(results, key=lambda kr: kr[0])]
+
+    def _call_one(self, point):
+        """One point's results, in a call of its own."""
+        if self.packing is None:
+            return self._call(point, 1)
+        n = self.n_params
+        (packed,) = self._call([self.packing.point(point[:n])] + list(point[n:]), 1)
+        return self.packing.result(packed)
 
     def _call_batched(self, group):
         """Each point's results, the points of ``group`` in one call."""

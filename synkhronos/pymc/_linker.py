@@ -25,7 +25,7 @@ from ._distribute import distributed
 from ._evaluator import evaluator_of
 from ._evaluator import timed as _timed
 from ._evaluator import times_text as _times
-from ._split import initial_inputs
+from ._packed import packed
 from ._vectorized import jax_compiles
 
 __all__ = ["LINKER_ENV", "MARGIN", "OWN_LINKER", "TRIAL_ROWS", "check_linker", "linker_chosen"]
@@ -48,17 +48,18 @@ def check_linker():
     return text
 
 
-def linker_chosen(fn, graph, terms, model, batch, busiest):
+def linker_chosen(fn, graph, point, batch, busiest):
     """``(fn, graph)``: ``fn``, the distributed function of ``graph`` (a
     ``RanksGraph`` compiled with the ranks' default linker, ``busiest`` rows on
     the rank holding most), or a function of the same rows compiled with
-    PyTensor's own linker and its graph, as the module's docstring says."""
+    PyTensor's own linker and its graph, as the module's docstring says;
+    ``point``: the model's initial point (``initial_inputs``)."""
     if not _to_time(graph, batch, busiest):
         return fn, graph
-    own_graph = dataclasses.replace(graph.one_point(), mode=OWN_LINKER)
+    shapes = [x.shape for x in point[:len(graph.params)]]
+    own_graph = packed(dataclasses.replace(graph.one_point(), mode=OWN_LINKER), shapes)
     try:
         own = distributed(own_graph, None)  # (the rows are where ``fn``'s placed them)
-        point = initial_inputs(model, terms)
         sizes = (1, 4) if graph.batched else (1,)
         t_jax = _timed(evaluator_of(fn, graph), point, sizes)
         t_own = _timed(evaluator_of(own, own_graph), point, sizes)

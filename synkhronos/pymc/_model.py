@@ -10,7 +10,7 @@ Each stage is one module, called once, in this order:
 5. ``_vectorized``: that graph at several points in one pass, where it pays;
 6. ``_sendable``: a form of it that pickles to the ranks;
 7. ``_gpu``: its forms that GPU ranks compute fastest;
-8. ``_packed``: a batched graph's points and results, one matrix each;
+8. ``_packed``: a point's parameters and results, one array each;
 9. ``_distribute``: the graph made a Synkhronos function, sent with the rows;
 10. ``_linker``: on CPU ranks, JAX or PyTensor's own linker, the faster there;
 11. ``_evaluator``: this process's side of that function, open to its children;
@@ -51,7 +51,7 @@ from ._placement import check_ranks, placed, rows_on
 from ._pointwise import pointwise_terms
 from ._ranks import ranks_graph
 from ._sendable import sendable
-from ._split import check_rowwise
+from ._split import check_rowwise, initial_inputs
 from ._terms import find_terms
 from ._variables import split_variables
 from ._vectorized import vectorized
@@ -141,11 +141,12 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     graph = vectorized(graph, batch, model.check_bounds)
     graph = sendable(graph)
     graph = for_gpu_ranks(graph)
-    graph = packed(graph)
+    point = initial_inputs(model, terms)
+    graph = packed(graph, [x.shape for x in point[:len(terms.params)]])
     fn = distributed(graph, terms.row_values, on=rows_on(ranks))
-    fn, graph = linker_chosen(fn, graph, terms, model, batch, n_rows if ranks == 1 else -(-n_rows // n))
+    fn, graph = linker_chosen(fn, graph, point, batch, n_rows if ranks == 1 else -(-n_rows // n))
     served, route = evaluator(fn, graph)
-    where = placed(served, graph, terms, model, ranks)
+    where = placed(served, graph, terms, point, ranks)
     op = rows_logp(served, route, graph)
     op.pointwise = pointwise_terms(model, terms, graph)  # what synkhronos.pymc.loo builds on; stays here
     op.check_bounds = model.check_bounds  # for those graphs compiled per row

@@ -34,7 +34,6 @@ from .._session import runtime
 from ._distribute import distributed
 from ._evaluator import timed as _timed
 from ._evaluator import times_text as _times
-from ._split import initial_inputs
 
 __all__ = ["MARGIN", "RANKS_ENV", "TRIAL_BYTES", "check_ranks", "placed", "rows_on"]
 
@@ -75,7 +74,7 @@ def rows_on(ranks):
     return rt.master_rank if ranks == 1 and rt.n_parallel > 1 else None
 
 
-def placed(served, graph, terms, model, ranks):
+def placed(served, graph, terms, point, ranks):
     """Route ``served``'s calls (the ``Evaluator`` of ``graph``, whose rows
     ``distributed`` placed as ``rows_on(ranks)`` says) to every rank or to this
     process's rank alone: as ``ranks`` says (1 or the number of ranks), or, for
@@ -88,7 +87,7 @@ def placed(served, graph, terms, model, ranks):
         served.alone_rows = graph.rows
         return "on this process's rank alone"
     try:
-        return _timed_choice(served, graph, terms, model, n)
+        return _timed_choice(served, graph, terms, point, n)
     except Exception as exc:  # (at the initial point the graph may raise; evaluations will say why)
         served.run_alone(None)
         logger.warning("synkhronos.pymc: %s: not timed (%s: %s); every call on %d ranks",
@@ -96,9 +95,9 @@ def placed(served, graph, terms, model, ranks):
         return "on %d ranks" % n
 
 
-def _timed_choice(served, graph, terms, model, n):
-    """Time the placements (see the module's docstring); route by the times."""
-    point = initial_inputs(model, terms)
+def _timed_choice(served, graph, terms, point, n):
+    """Time the placements (see the module's docstring) at ``point`` (the
+    model's initial point); route by the times."""
     sizes = (1, 4) if served.batched else (1,)
     t_all = _timed(served, point, sizes)
     served.run_alone(served.fn)  # this rank's share only: the workers hold theirs, untouched

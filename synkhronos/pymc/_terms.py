@@ -23,6 +23,8 @@ length, split like any other.  Only elementwise operations, a matrix product's
 rows and further constant indexing are looked through; anything else stays as
 written.
 
+The rows are then held in as few bytes as their values allow (``_rowdata``).
+
 Whether the rows can in fact be split is proved next (``_split``, which
 refuses such a term, naming it).
 """
@@ -35,6 +37,7 @@ from .._graph.editing import leading as _leading
 from .._graph.editing import replaced as _replaced
 from .._graph.editing import row_input as _row_input
 from .._graph.editing import value_of as _value_of
+from ._rowdata import held_compactly
 
 __all__ = ["RowTerms", "find_terms"]
 
@@ -82,6 +85,7 @@ def find_terms(model, observed, rows):
     holders = {rv: rv.type(name=rv.name) for rv in model.free_RVs}
     logps, stands, stand_values = _row_logps(model, observed, rows, holders)
     params, data, row_vars, row_values = _inputs_by_role(model, observed, rows, holders, logps, stands)
+    logps, row_vars, row_values = held_compactly(logps, row_vars, row_values, keep=set(stands))
     return RowTerms(list(observed), params, [holders[p] for p in params], data,
                     stands + row_vars, stand_values + row_values, logps)
 

@@ -2,7 +2,8 @@
 kernel over blocks of rows (here run by Pallas's interpreter on the CPU) gives
 numpy's log-density and gradient at every point, for every row count around
 the block size, any number of points and features, in float32 and float64,
-with a coefficient per group picked by each row's group too; what it does not
+with a coefficient per group picked by each row's group too (its index signed
+or unsigned); what it does not
 handle falls back to the batched graph."""
 
 import contextlib
@@ -34,7 +35,7 @@ def x64():
 
 
 @settings(max_examples=15, deadline=None)
-@given(family=st.sampled_from(["bernoulli", "normal", "groups"]),
+@given(family=st.sampled_from(["bernoulli", "normal", "groups", "groups_u8"]),
        dtype=st.sampled_from(["float64", "float32"]),
        n=st.one_of(st.sampled_from([0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 2]),
                    st.integers(0, 3 * BLOCK)),
@@ -54,6 +55,24 @@ def test_the_kernel_gives_numpys_values(family, dtype, n, points, d, seed):
         for g, w in zip(got, want):
             assert g.dtype == dtype
             np.testing.assert_allclose(np.asarray(g[k], dtype=np.float64), w, rtol=eps, atol=eps * (n + 1))
+
+
+@pytest.mark.parametrize("n", [1, BLOCK + 3])
+def test_an_unsigned_group_index_gives_numpys_values(n):
+    """``_rowdata`` holds a group index unsigned: the kernel picks by it as by a
+    signed one (it has no negative indices to count from the end)."""
+    rng = np.random.default_rng(n)
+    params, rows, single = glm("groups_u8", 3, "float64")
+    kernel = jax_form(kernel_op(params, rows, single), interpret=True)
+    assert isinstance(kernel, Kernel)
+    values = draw_rows("groups_u8", rng, n, 3, "float64")
+    assert values[2].dtype == np.uint8
+    stacked = [rng.standard_normal((2,) + p.type.shape) * 0.5 for p in params]
+    got = jax.jit(kernel)(*stacked, *values)
+    for k in range(2):
+        want = numpy_glm("groups", [s[k] for s in stacked], *values)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g[k]), w, rtol=1e-10, atol=1e-10 * (n + 1))
 
 
 def test_an_op_it_does_not_handle_falls_back_to_the_batched_graph(caplog):

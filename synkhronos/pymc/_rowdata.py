@@ -1,0 +1,95 @@
+"""How the ranks hold a term's rows: as few bytes a row as the values allow.
+
+A likelihood over millions of rows reads every row's data on every evaluation,
+so its time follows the bytes it reads.  PyMC compiles a model's data as
+constants, which PyTensor's rewrites merge (one array where two are equal) and
+narrow (an index into a short vector held in 8 bits instead of 64).  The ranks'
+rows are shared variables, which those rewrites leave alone; so the same is done
+here, once, before the rows are split:
+
+- equal arrays (bambi's ``1|group`` and ``x1|group`` terms each hold the group
+  index) are held once;
+- an integer array that only ever indexes (a group index), all its values
+  non-negative, is held in the narrowest unsigned type that holds them.
+
+The values are unchanged; only how they are stored is.
+"""
+
+import numpy as np
+
+from .._graph.editing import replaced as _replaced
+from .._graph.editing import row_input as _row_input
+
+__all__ = ["held_compactly"]
+
+_UNSIGNED = ("uint8", "uint16", "uint32")
+
+
+def held_compactly(logps, row_vars, row_values, keep):
+    """``(logps, row_vars, row_values)`` with equal arrays held once and index
+    arrays narrowed, as the module's docstring says; the variables in ``keep``
+    (the observed values' stand-ins) are left as they are."""
+    indexing = _index_only(logps)
+    replace, kept_vars, kept_values = {}, [], []
+    for v, value in zip(row_vars, row_values):
+        if v in keep:
+            kept_vars.append(v)
+            kept_values.append(value)
+            continue
+        if v in indexing:
+            value = _narrowed(value)
+        same = next((k for k, w in enumerate(kept_values)
+                     if kept_vars[k] not in keep and _equal(w, value)), None)
+        if same is not None:
+            replace[v] = kept_vars[same]
+            continue
+        new = v if value.dtype == v.dtype else _row_input(_typed(v, value.dtype), v.name)
+        if new is not v:
+            replace[v] = new
+        kept_vars.append(new)
+        kept_values.append(value)
+    return _replaced(logps, replace), kept_vars, kept_values
+
+
+def _narrowed(value):
+    """``value`` (integers) in the narrowest unsigned type that holds them, if
+    they are all non-negative and that type is narrower; else ``value``."""
+    if value.dtype.kind not in "iu" or value.size == 0 or value.min() < 0:
+        return value
+    top = value.max()
+    for name in _UNSIGNED:
+        dtype = np.dtype(name)
+        if dtype.itemsize >= value.dtype.itemsize:
+            break
+        if top <= np.iinfo(dtype).max:
+            return value.astype(dtype)
+    return value
+
+
+def _typed(var, dtype):
+    """A variable like ``var`` of dtype ``dtype`` (for ``row_input``)."""
+    return var.type.clone(dtype=str(dtype))()
+
+
+def _equal(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
+def _index_only(logps):
+    """The graph inputs of ``logps`` read only as the index of an indexing by
+    arrays (or of its gradient's increment)."""
+    from pytensor.graph.traversal import apply_ancestors
+    from pytensor.tensor import subtensor
+
+    picks = tuple(getattr(subtensor, n) for n in ("AdvancedSubtensor", "AdvancedSubtensor1")
+                  if hasattr(subtensor, n))
+    adds = tuple(getattr(subtensor, n) for n in ("AdvancedIncSubtensor", "AdvancedIncSubtensor1")
+                 if hasattr(subtensor, n))
+    indexing, other = set(), set()
+    for node in apply_ancestors(logps):
+        first_index = 1 if isinstance(node.op, picks) else 2 if isinstance(node.op, adds) else None
+        for k, i in enumerate(node.inputs):
+            if i.owner is not None:
+                continue
+            (indexing if first_index is not None and k >= first_index else other).add(i)
+    return indexing - other - set(logps)

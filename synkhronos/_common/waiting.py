@@ -4,12 +4,17 @@ then keep polling with a short sleep between polls, calling a hook each time so
 that a failure elsewhere (a worker that died or raised) is noticed instead of
 waited on.
 
-Command channels wait differently: they can block in the kernel (``_wire.channel``).
+Command channels wait differently: they poll for a while, then block in the
+kernel (``_wire.channel``); ``WorkerSpin`` is the master's rule for how long the
+workers poll between its commands.
 """
 
+import collections
+import os
 import time
 
-__all__ = ["poll_until", "wait_requests", "POLL_ALONE_S", "POLL_SLEEP_S"]
+__all__ = ["poll_until", "wait_requests", "WorkerSpin", "cores_crowded", "POLL_ALONE_S", "POLL_SLEEP_S",
+           "SPIN_CAP_S"]
 
 POLL_ALONE_S = 1e-3  # seconds of polling before the hook is first called
 POLL_SLEEP_S = 20e-6  # sleep between polls after that
@@ -44,6 +49,74 @@ def poll_until(done, hook=None, deadline=None, alone_s=POLL_ALONE_S, sleep_s=POL
                 hook()
             time.sleep(sleep_s)
     return True
+
+
+SPIN_CAP_S = 2e-3  # the longest a worker polls between commands where the master sees short gaps
+_GAPS = 8  # the gaps between commands that the rule looks at
+_CROWDED_EVERY_S = 0.5  # how often ``WorkerSpin`` asks whether the cores are crowded
+
+
+class WorkerSpin:
+    """How long the workers poll for their next command before they block.
+
+    A worker that blocks is woken by the kernel when the command comes, which
+    on a small virtual machine costs tens of microseconds on every call (and
+    the first microseconds after are slow).  Calls spaced by a little more than
+    the device's poll (``base``: 100 µs on CPU ranks) pay that every time: the
+    master's own work between two calls (PyMC's between two evaluations) is
+    about that long.  So where the master has seen short gaps between the end of
+    one request and the next, the workers poll for twice the median of the last
+    few, up to ``SPIN_CAP_S``; never less than ``base``.  Not where the cores
+    are crowded (``crowded()``: a polling worker would take a core another
+    process needs), nor where ``fixed`` (the user set ``$SYNKHRONOS_SPIN_US``).
+
+    The master calls ``replied()`` once it has read a request's replies, and
+    ``next()`` for the seconds to send with the next command.
+    """
+
+    def __init__(self, base, fixed=False, crowded=None, cap=SPIN_CAP_S):
+        self.base = base
+        self.fixed = fixed
+        self.cap = cap
+        self._crowded = crowded
+        self._gaps = collections.deque(maxlen=_GAPS)
+        self._since = None  # when the last request's replies were read
+        self._crowded_at = -float("inf")
+        self._was_crowded = False
+
+    def replied(self):
+        self._since = time.perf_counter()
+
+    def next(self):
+        """Seconds the workers poll after answering the command sent now."""
+        if self._since is not None:
+            self._gaps.append(time.perf_counter() - self._since)
+            self._since = None
+        if self.fixed or len(self._gaps) < _GAPS // 2:
+            return self.base
+        gap = sorted(self._gaps)[len(self._gaps) // 2]
+        if 2 * gap > self.cap or 2 * gap <= self.base or self._is_crowded():
+            return self.base
+        return 2 * gap
+
+    def _is_crowded(self):
+        now = time.monotonic()
+        if self._crowded is not None and now - self._crowded_at > _CROWDED_EVERY_S:
+            self._crowded_at = now
+            self._was_crowded = bool(self._crowded())
+        return self._was_crowded
+
+
+def cores_crowded(processes, cores):
+    """Whether ``processes`` (this session's on this host: its ranks and the
+    children it serves) outnumber ``cores``, or the host's load (runnable
+    processes, averaged over the last minute) exceeds them by more than one
+    (other sessions, say a test suite's processes at once)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # (no load average on this system)
+        load = 0.0
+    return processes > cores or load > cores + 1
 
 
 # MPI requests whose wait was broken off (the hook raised).  mpi4py keeps a

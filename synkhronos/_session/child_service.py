@@ -57,6 +57,11 @@ class Service:
         self._joined = []  # connections accepted, not yet served
         self._wake_r = self._wake_w = None
         self.lingered_s = 0.0  # time spent waiting for children expected back (read by benchmarks)
+        self._n_children = 0  # connected children (the serving thread's count)
+
+    def children(self):
+        """How many child processes are connected (they share this host's cores)."""
+        return self._n_children
 
     def route(self, handler, linger=0.0):
         """Register ``handler(list of args) -> list of picklable results`` (one
@@ -109,6 +114,7 @@ class Service:
                     pending = {}
                 else:
                     self._read(wait(conns + [self._wake_r], _POLL_S), conns, pending, returns)
+                self._n_children = len(conns)
         finally:
             for conn in conns:
                 conn.close()

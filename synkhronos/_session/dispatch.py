@@ -9,6 +9,7 @@ timeout (``StallError`` with every silent rank's stack; the last two are
 import logging
 import time
 
+from .._common.waiting import WorkerSpin
 from .._wire.protocol import COMMAND_OF, wire
 from ..exceptions import WorkerError
 from .failures import check_alive, raise_death, raise_stall
@@ -71,6 +72,8 @@ class Dispatcher:
         The public call under way, which names its commands in errors.
     tmpdir : str or None
         The workers' temporary directory (their crash stacks are there).
+    spin : _common.waiting.WorkerSpin
+        How long the workers poll between commands (sent with each).
     """
 
     def __init__(self, guard, on_failure, timeout=None):
@@ -80,6 +83,7 @@ class Dispatcher:
         self.workers = {}
         self.action = None
         self.tmpdir = None
+        self.spin = WorkerSpin(0.0, fixed=True)  # (the runtime sets the session's)
         self._interrupt_closes = _InterruptCloses(self)
 
     # ------------------------------------------------------------- public
@@ -240,6 +244,7 @@ class Dispatcher:
                 replies[r] = result
             else:
                 failures.append((r, result))
+        self.spin.replied()
         if dead is not None:
             raise_death(self, dead)
         if local_exc is not None:
@@ -266,6 +271,7 @@ class Dispatcher:
         else:
             label = COMMAND_OF[type(message[ranks[0]] if per_rank else message)].name.lower()
         shared = None if per_rank else wire(message)  # one message for all: made once
+        spin = self.spin.next()
         now = time.monotonic()
         sent = []
         dead = None
@@ -274,7 +280,7 @@ class Dispatcher:
             number, fields, _ = wire(message[r]) if per_rank else shared
             drops = _take_all(w.pending_drops)
             try:
-                w.channel.send((number, fields, drops))
+                w.channel.send((number, fields, drops, spin))
             except OSError:
                 dead = r if dead is None else min(dead, r)
                 continue

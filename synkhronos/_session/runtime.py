@@ -28,8 +28,10 @@ import threading
 import time
 
 from .._common import log
-from .._common.env import spin_seconds
+from .._common.env import SPIN_ENV, spin_seconds
 from .._common.reduce import ChunkPool
+from .._common.waiting import WorkerSpin, cores_crowded
+from .._devices.cpu import usable_cores
 from .._graph.function_core import reseed_generators, uses_jax
 from .._graph.precompile import compile_shares, graph_size, is_numba, precompile
 from .._wire import shared_memory
@@ -217,7 +219,11 @@ class Runtime:
         self.foreign = False  # True in a child forked from the owner (see the module docstring)
         self.lock = threading.RLock()  # held by every public call (see ``locked``)
         # evaluations for child processes (see ``_session.child_service``)
-        self.service = Service(n_parallel if cluster is None else cluster.ranks_on_my_node(n_parallel))
+        ranks_here = n_parallel if cluster is None else cluster.ranks_on_my_node(n_parallel)
+        self.service = Service(ranks_here)
+        self.dispatcher.spin = WorkerSpin(self.spin, fixed=os.environ.get(SPIN_ENV) is not None,
+                                          crowded=lambda: cores_crowded(ranks_here + self.service.children(),
+                                                                        usable_cores()))
         self.reduce_pool = ChunkPool()  # the master's threads for reducing large outputs
 
     # ------------------------------------------------------------- queries

@@ -101,8 +101,10 @@ def serve_commands(channel, state, faults):
     EXIT's payload (whether the session failed)."""
     while True:
         try:
-            cmd, fields, drops = channel.recv()
+            cmd, fields, drops, *spin = channel.recv()
             payload = from_wire(cmd, fields)
+            if spin:  # how long to poll for the command after this one (``WorkerSpin``)
+                channel.spin = spin[0]
         except (EOFError, OSError):
             return None
         state.exchange.release()  # the master has read our last reply (see _wire.exchange_buffer)

@@ -1,13 +1,15 @@
 """Small helpers that read and edit PyTensor graphs: the values of data in a
 graph, stand-ins for rows, whether a variable has a gradient, graphs rebuilt
-with parts replaced, graphs rewritten by named rules, and the one value of a
-constant.  They know nothing of a session (``synkhronos.pymc`` builds its
-pipeline with them)."""
+with parts replaced, graphs rewritten by named rules, the one value of a
+constant, and PyTensor's Ops of indexing by arrays.  They know nothing of a
+session (``synkhronos.pymc`` builds its pipeline with them)."""
+
+import functools
 
 import numpy as np
 
 __all__ = ["continuous", "leading", "value_of", "row_input", "replaced", "rewritten", "rewritten_in_turn",
-           "scalar_constant"]
+           "scalar_constant", "array_indexing"]
 
 
 def leading(var):
@@ -77,3 +79,19 @@ def scalar_constant(var):
         return float(get_underlying_scalar_constant_value(var))
     except Exception:  # not a constant, or not one value
         return None
+
+
+@functools.cache
+def array_indexing():
+    """PyTensor's Ops of indexing by arrays: ``(picks, increments)``, the types
+    of ``x[idx]`` (index inputs from the second) and of its gradient's
+    ``inc(x, y, idx)`` (from the third).  (AdvancedSubtensor1 and its increment
+    are gone in PyTensor 3.3, whose AdvancedSubtensor lists where its index
+    inputs go: (0,) is the leading axis.)"""
+    from pytensor.tensor import subtensor
+
+    def present(*names):
+        return tuple(getattr(subtensor, n) for n in names if hasattr(subtensor, n))
+
+    return (present("AdvancedSubtensor", "AdvancedSubtensor1"),
+            present("AdvancedIncSubtensor", "AdvancedIncSubtensor1"))

@@ -28,7 +28,7 @@ import threading
 import time
 
 from .._common import log
-from .._common.env import SPIN_ENV, spin_seconds
+from .._common.env import spin_seconds
 from .._common.reduce import ChunkPool
 from .._common.waiting import WorkerSpin, cores_crowded
 from .._devices.cpu import usable_cores
@@ -221,7 +221,8 @@ class Runtime:
         # evaluations for child processes (see ``_session.child_service``)
         ranks_here = n_parallel if cluster is None else cluster.ranks_on_my_node(n_parallel)
         self.service = Service(ranks_here)
-        self.dispatcher.spin = WorkerSpin(self.spin, fixed=os.environ.get(SPIN_ENV) is not None,
+        # Fixed where the user set it (``spin_seconds(None)``: None when unset or blank).
+        self.dispatcher.spin = WorkerSpin(self.spin, fixed=spin_seconds(None) is not None,
                                           crowded=lambda: cores_crowded(ranks_here + self.service.children(),
                                                                         usable_cores()))
         self.reduce_pool = ChunkPool()  # the master's threads for reducing large outputs

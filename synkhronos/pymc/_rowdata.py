@@ -17,6 +17,7 @@ The values are unchanged; only how they are stored is.
 
 import numpy as np
 
+from .._graph.editing import array_indexing
 from .._graph.editing import replaced as _replaced
 from .._graph.editing import row_input as _row_input
 
@@ -79,12 +80,8 @@ def _index_only(logps):
     """The graph inputs of ``logps`` read only as the index of an indexing by
     arrays (or of its gradient's increment)."""
     from pytensor.graph.traversal import apply_ancestors
-    from pytensor.tensor import subtensor
 
-    picks = tuple(getattr(subtensor, n) for n in ("AdvancedSubtensor", "AdvancedSubtensor1")
-                  if hasattr(subtensor, n))
-    adds = tuple(getattr(subtensor, n) for n in ("AdvancedIncSubtensor", "AdvancedIncSubtensor1")
-                 if hasattr(subtensor, n))
+    picks, adds = array_indexing()
     indexing, other = set(), set()
     for node in apply_ancestors(logps):
         first_index = 1 if isinstance(node.op, picks) else 2 if isinstance(node.op, adds) else None

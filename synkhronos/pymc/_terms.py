@@ -29,10 +29,9 @@ Whether the rows can in fact be split is proved next (``_split``, which
 refuses such a term, naming it).
 """
 
-import functools
-
 import numpy as np
 
+from .._graph.editing import array_indexing
 from .._graph.editing import leading as _leading
 from .._graph.editing import replaced as _replaced
 from .._graph.editing import row_input as _row_input
@@ -263,7 +262,7 @@ def _picked_rows(node):
     None if it is not such a selection."""
     from pytensor.graph.basic import Constant
 
-    if not isinstance(node.op, _advanced_subtensors()) or len(node.inputs) != 2 or \
+    if not isinstance(node.op, array_indexing()[0]) or len(node.inputs) != 2 or \
             tuple(getattr(node.op, "idx_list", (0,))) != (0,):
         return None
     index = node.inputs[1]
@@ -273,17 +272,6 @@ def _picked_rows(node):
     if data.dtype == bool:
         return np.flatnonzero(data)
     return data if data.dtype.kind in "iu" else None
-
-
-@functools.cache
-def _advanced_subtensors():
-    """PyTensor's Ops of indexing by arrays.  (AdvancedSubtensor1 is gone in
-    PyTensor 3.3, whose AdvancedSubtensor lists where its index inputs go: (0,)
-    is the leading axis.)"""
-    from pytensor.tensor import subtensor
-
-    names = ("AdvancedSubtensor", "AdvancedSubtensor1")
-    return tuple(getattr(subtensor, n) for n in names if hasattr(subtensor, n))
 
 
 def _taken(x, picked):

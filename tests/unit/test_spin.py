@@ -107,3 +107,20 @@ def test_each_command_carries_the_spin_and_a_worker_takes_it():
     state = types.SimpleNamespace(exchange=exchange, drop=lambda name: None)
     assert worker.serve_commands(channel, state, None) is False  # (EXIT: the session did not fail)
     assert channel.spin == 0.0042
+
+
+@pytest.mark.parametrize("value, fixed", [(None, False), ("  ", False), ("250", True)])
+def test_the_workers_poll_is_fixed_only_where_the_user_set_one(monkeypatch, value, fixed):
+    """A blank ``$SYNKHRONOS_SPIN_US`` is unset, as ``spin_seconds`` reads it."""
+    import synkhronos as synk
+    from synkhronos._session import runtime
+
+    if value is None:
+        monkeypatch.delenv(SPIN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SPIN_ENV, value)
+    synk.fork(1, use_gpu=False)
+    try:
+        assert runtime.require().dispatcher.spin.fixed is fixed
+    finally:
+        synk.close()

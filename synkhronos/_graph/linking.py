@@ -11,6 +11,7 @@ default linker, with a log line naming the function and the Op.
 
 import logging
 
+from .expand_dims import expand_dims_sunk_mode
 from .function_core import compile_function, is_jax_mode, links_with_jax
 from .max_gradient import max_gradient_mode
 
@@ -21,13 +22,14 @@ logger = logging.getLogger("synkhronos")
 
 def device_kwargs(device, kwargs):
     """``pytensor.function``'s keyword arguments for ``device``: its mode with
-    the rewrite that takes a maximum's gradient from its operands (``_graph.max_gradient``),
+    the rewrite that takes a maximum's gradient from its operands (``_graph.max_gradient``)
+    and the one that keeps elementwise work at its operands' axes (``_graph.expand_dims``),
     the bf16 rewrite under ``fork(precision="bf16")`` (see ``_graph.bf16``), and in JAX
     mode the rewrites that keep shapes computed from shapes concrete and
     reductions in their declared dtype (``_graph.jax_reductions``), linked by
     the JAX linker that keeps the graph's checks (``_graph.jax_checks``)."""
     kwargs = device.function_kwargs(kwargs)
-    kwargs["mode"] = max_gradient_mode(kwargs.get("mode"))
+    kwargs["mode"] = expand_dims_sunk_mode(max_gradient_mode(kwargs.get("mode")))
     if device.precision == "bf16":
         from .bf16 import bf16_mode
 

@@ -9,11 +9,13 @@ normal GLMM) ran 1.3 to 3 times as long in JAX's CPU code.  Where the busiest
 rank holds at least ``TRIAL_ROWS`` rows, ``linker_chosen`` also distributes the
 graph of one point compiled with PyTensor's own linker, a second function over
 the same rows (none move), and times both on the ranks as they run, at the
-model's initial point: one point, and four where JAX batches them (PyTensor's
-own evaluates them one by one).  The ranks keep PyTensor's own where its times
-summed are ``MARGIN`` times shorter; the other function is left unused.  The
-log gives both times.  GPU ranks, a mode the user set (in PyTensor's flags),
-``batch=`` given, and ``$SYNKHRONOS_PYMC_LINKER=jax`` keep what they have.
+model's initial point jittered as ``pm.sample`` starts its chains (``_split``'s
+``initial_inputs``): one point, and four where JAX batches them (PyTensor's own
+evaluates them one by one, its graph in ``_cpu``'s form).  The ranks keep
+PyTensor's own where its times summed are ``MARGIN`` times shorter; the other
+function is left unused.  The log gives both times.  GPU ranks, a mode the
+user set (in PyTensor's flags), ``batch=`` given, and
+``$SYNKHRONOS_PYMC_LINKER=jax`` keep what they have.
 """
 
 import dataclasses
@@ -21,6 +23,7 @@ import logging
 import os
 
 from .._session import runtime
+from ._cpu import for_own_linker
 from ._distribute import distributed
 from ._evaluator import evaluator_of
 from ._evaluator import timed as _timed
@@ -53,17 +56,17 @@ def linker_chosen(fn, graph, point, batch, busiest):
     ``RanksGraph`` compiled with the ranks' default linker, ``busiest`` rows on
     the rank holding most), or a function of the same rows compiled with
     PyTensor's own linker and its graph, as the module's docstring says;
-    ``point``: the model's initial point (``initial_inputs``)."""
+    ``point``: the model's initial point, jittered (``initial_inputs``)."""
     if not _to_time(graph, batch, busiest):
         return fn, graph
     shapes = [x.shape for x in point[:len(graph.params)]]
-    own_graph = packed(dataclasses.replace(graph.one_point(), mode=OWN_LINKER), shapes)
+    own_graph = packed(for_own_linker(dataclasses.replace(graph.one_point(), mode=OWN_LINKER)), shapes)
     try:
         own = distributed(own_graph, None)  # (the rows are where ``fn``'s placed them)
         sizes = (1, 4) if graph.batched else (1,)
         t_jax = _timed(evaluator_of(fn, graph), point, sizes)
         t_own = _timed(evaluator_of(own, own_graph), point, sizes)
-    except Exception as exc:  # (the one-point graph may not pickle; at the initial point it may raise)
+    except Exception as exc:  # (the one-point graph may not pickle; at that point it may raise)
         logger.warning("synkhronos.pymc: %s: linkers not timed (%s: %s); the ranks run JAX", graph.names,
                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return fn, graph

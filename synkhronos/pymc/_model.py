@@ -9,7 +9,8 @@ Each stage is one module, called once, in this order:
 4. ``_ranks``: the graph each rank runs on its rows (log-density, gradient);
 5. ``_vectorized``: that graph at several points in one pass, where it pays;
 6. ``_sendable``: a form of it that pickles to the ranks;
-7. ``_gpu``: its forms that GPU ranks compute fastest;
+7. ``_gpu`` and ``_cpu``: its forms that GPU ranks, and CPU ranks' own
+   linkers, compute fastest;
 8. ``_packed``: a point's parameters and results, one array each;
 9. ``_distribute``: the graph made a Synkhronos function, sent with the rows;
 10. ``_linker``: on CPU ranks, JAX or PyTensor's own linker, the faster there;
@@ -41,6 +42,7 @@ from .. import _api
 from .._common.selections import split_bounds
 from .._session import runtime
 from ._copy import with_op
+from ._cpu import for_cpu_ranks
 from ._distribute import distributed
 from ._evaluator import evaluator
 from ._gpu import for_gpu_ranks
@@ -140,11 +142,13 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     graph = ranks_graph(terms, model.check_bounds)
     graph = vectorized(graph, batch, model.check_bounds)
     graph = sendable(graph)
-    graph = for_gpu_ranks(graph)
+    graph = for_cpu_ranks(for_gpu_ranks(graph))
     point = initial_inputs(model, terms)
     graph = packed(graph, [x.shape for x in point[:len(terms.params)]])
     fn = distributed(graph, terms.row_values, on=rows_on(ranks))
-    fn, graph = linker_chosen(fn, graph, point, batch, n_rows if ranks == 1 else -(-n_rows // n))
+    # (Timed where a chain starts: PyTensor's Numba code branches on values.)
+    trial = initial_inputs(model, terms, jitter=True)
+    fn, graph = linker_chosen(fn, graph, trial, batch, n_rows if ranks == 1 else -(-n_rows // n))
     served, route = evaluator(fn, graph)
     where = placed(served, graph, terms, point, ranks)
     op = rows_logp(served, route, graph)

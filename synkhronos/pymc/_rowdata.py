@@ -10,7 +10,11 @@ here, once, before the rows are split:
 - equal arrays (bambi's ``1|group`` and ``x1|group`` terms each hold the group
   index) are held once;
 - an integer array that only ever indexes (a group index), all its values
-  non-negative, is held in the narrowest unsigned type that holds them.
+  non-negative, is held in the narrowest unsigned type that holds them;
+- an array whose rows are all the same (the column of ones that bambi's
+  ``1|group`` term multiplies its coefficients by) is not held: its one row is
+  a constant, repeated to the rank's number of rows, which PyTensor's rewrites
+  then fold (a product by ones disappears).
 
 The values are unchanged; only how they are stored is.
 """
@@ -27,9 +31,15 @@ _UNSIGNED = ("uint8", "uint16", "uint32")
 
 
 def held_compactly(logps, row_vars, row_values, keep):
-    """``(logps, row_vars, row_values)`` with equal arrays held once and index
-    arrays narrowed, as the module's docstring says; the variables in ``keep``
-    (the observed values' stand-ins) are left as they are."""
+    """``(logps, row_vars, row_values)`` with equal arrays held once, index
+    arrays narrowed and repeated rows made constants, as the module's docstring
+    says; the variables in ``keep`` (the observed values' stand-ins, a list)
+    are left as they are."""
+    logps, row_vars, row_values = _merged_and_narrowed(logps, row_vars, row_values, set(keep))
+    return _repeats_folded(logps, row_vars, row_values, list(keep))
+
+
+def _merged_and_narrowed(logps, row_vars, row_values, keep):
     indexing = _index_only(logps)
     replace, kept_vars, kept_values = {}, [], []
     for v, value in zip(row_vars, row_values):
@@ -50,6 +60,36 @@ def held_compactly(logps, row_vars, row_values, keep):
         kept_vars.append(new)
         kept_values.append(value)
     return _replaced(logps, replace), kept_vars, kept_values
+
+
+def _repeats_folded(logps, row_vars, row_values, keep):
+    """Each of ``row_vars`` whose rows are all the same replaced by its first
+    row repeated to the number of rows of another input (an observed value's
+    stand-in from ``keep`` if any, else the first row input left)."""
+    repeated = [_repeated(value) for value in row_values]
+    count = next(iter(keep + [v for v, r in zip(row_vars, repeated) if not r]), None)
+    if count is None or not any(repeated):
+        return logps, row_vars, row_values
+    replace = {v: _constant_rows(value[0], count) for v, value, r in zip(row_vars, row_values, repeated) if r}
+    left = [(v, value) for v, value in zip(row_vars, row_values) if v not in replace]
+    return _replaced(logps, replace), [v for v, _ in left], [value for _, value in left]
+
+
+def _repeated(value):
+    """Whether the rows of ``value`` (two or more) are all the same, bit for bit."""
+    if value.ndim == 0 or value.shape[0] < 2:
+        return False
+    raw = np.ascontiguousarray(value).view(np.uint8).reshape(value.shape[0], -1)
+    return bool((raw == raw[:1]).all())
+
+
+def _constant_rows(row, count):
+    """``row`` repeated to as many rows as ``count`` (a row input) has, on
+    every rank."""
+    import pytensor.tensor as pt
+    from pytensor.tensor.shape import Shape_i
+
+    return pt.alloc(pt.constant(row), Shape_i(0)(count), *row.shape)
 
 
 def _narrowed(value):

@@ -15,7 +15,9 @@ from .._graph.editing import replaced as _replaced
 from .._graph.editing import row_input as _row_input
 from .._graph.editing import value_of as _value_of
 
-__all__ = ["check_rowwise", "initial_inputs"]
+__all__ = ["JITTER_SEED", "check_rowwise", "initial_inputs"]
+
+JITTER_SEED = 0  # the jittered point's seed: the same point, so the same choices, in every run
 
 
 def check_rowwise(model, terms, bounds):
@@ -66,12 +68,25 @@ def _kind(model, var):
     return "%s %r" % ("potential" if var in model.potentials else "observed variable", var.name)
 
 
-def initial_inputs(model, terms):
+def initial_inputs(model, terms, jitter=False):
     """The terms' parameters at the model's initial point, then their data: the
-    inputs of one point, in the order the ranks' graph takes them."""
+    inputs of one point, in the order the ranks' graph takes them.
+
+    ``jitter``: at that point jittered as ``pm.sample`` starts its chains
+    (uniform in (-1, 1) added to each transformed value; a fixed seed), for
+    timing: a graph's time may depend on its values (PyTensor's Numba softplus
+    branches on each value, and at the initial point every row takes the same
+    branch: a logistic GLMM ran 4.1 ms there against 7.2 ms at a jittered point)."""
     params = []
     if terms.params:
         fn = model.compile_fn(model.replace_rvs_by_values(terms.params), inputs=model.value_vars,
                               mode="FAST_COMPILE", on_unused_input="ignore")
-        params = [np.asarray(x) for x in fn(model.initial_point())]
+        params = [np.asarray(x) for x in fn(_jittered(model) if jitter else model.initial_point())]
     return params + [np.asarray(_value_of(v)) for v in terms.data]
+
+
+def _jittered(model):
+    from pymc.initial_point import make_initial_point_fn
+
+    start = make_initial_point_fn(model=model, jitter_rvs=set(model.free_RVs), return_transformed=True)
+    return start(JITTER_SEED)

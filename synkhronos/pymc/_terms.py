@@ -84,7 +84,7 @@ def find_terms(model, observed, rows):
     holders = {rv: rv.type(name=rv.name) for rv in model.free_RVs}
     logps, stands, stand_values = _row_logps(model, observed, rows, holders)
     params, data, row_vars, row_values = _inputs_by_role(model, observed, rows, holders, logps, stands)
-    logps, row_vars, row_values = held_compactly(logps, row_vars, row_values, keep=set(stands))
+    logps, row_vars, row_values = held_compactly(logps, row_vars, row_values, keep=stands)
     return RowTerms(list(observed), params, [holders[p] for p in params], data,
                     stands + row_vars, stand_values + row_values, logps)
 

@@ -158,3 +158,30 @@ def test_threads_at_once_and_forked_chains_run_pytensors_own(session, timings):
                       compute_convergence_checks=False)
     assert np.isfinite(idata.sample_stats["lp"].values).all()
     assert sum(_served(copy).batcher.sizes.values()) > 80  # the children's evaluations ran here
+
+
+def test_timed_where_a_chain_would_start(session, trial, monkeypatch):
+    """The trial's point is the model's initial point jittered as ``pm.sample``
+    starts its chains (a graph's time may depend on its values), the same in
+    every run."""
+    from synkhronos.pymc._split import initial_inputs
+    from synkhronos.pymc._terms import find_terms
+
+    seen = []
+
+    def fake(served, point, sizes):
+        seen.append([np.array(p) for p in point])
+        return dict.fromkeys(sizes, 1.0)
+
+    monkeypatch.setattr(_linker, "_timed", fake)
+    model = logistic_with_dims(n=N)
+    data_parallel(model)
+    data_parallel(model)
+    first, second = seen[0], seen[2]  # (JAX's and PyTensor's own, each run)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    terms = find_terms(model, list(model.observed_RVs), N)
+    plain = initial_inputs(model, terms)
+    assert any(not np.array_equal(a, p) for a, p in zip(first, plain)), "jittered"
+    for a, p in zip(first, plain):
+        assert a.shape == p.shape and np.all(np.isfinite(a))

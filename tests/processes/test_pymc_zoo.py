@@ -37,13 +37,14 @@ def varying_slopes():
     county = rng.integers(0, 6, N)
     floor = rng.integers(0, 2, N).astype(float)
     y = 0.3 * county - 0.5 * floor + rng.standard_normal(N)
+    ones = np.ones(N, dtype="int64")  # as bambi writes a group's intercept: times a column of ones
     with pm.Model(coords={"county": np.arange(6), "obs": np.arange(N)}) as m:
         c = pm.Data("county_idx", county, dims="obs")
         f = pm.Data("floor", floor, dims="obs")
         a = pm.Normal("a", 0, 1, dims="county")
         b = pm.Normal("b", 0, 1, dims="county")
         s = pm.Exponential("s", 1)
-        pm.Normal("y", a[c] + b[c] * f, s, observed=y, dims="obs")
+        pm.Normal("y", a[c] * ones + b[c] * f, s, observed=y, dims="obs")
     return m
 
 
@@ -335,6 +336,23 @@ def test_the_rows_kernel_gives_the_batched_graphs_values(make):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
     if make.__name__ == "<lambda>":
         assert kernel
+
+
+def test_the_rows_kernel_takes_a_column_of_ones_as_a_constant():
+    """bambi's ``1|group`` term multiplies its coefficients by a column of ones,
+    which the ranks hold as a constant repeated over the rows (``_rowdata``):
+    the kernel takes that graph, with the batched graph's values."""
+    rng = _rng(14)
+    g, x = rng.integers(0, 3, N), rng.standard_normal(N)
+    with pm.Model() as model:
+        u = pm.Normal("u", 0, 1, shape=3)
+        b = pm.Normal("b", 0, 1)
+        pm.Bernoulli("y", logit_p=u[g] * np.ones(N, dtype="int64") + b * x, observed=rng.integers(0, 2, N))
+    want, _ = _batched_graph_values(model, on_gpu=False)
+    got, kernel = _rows_kernel_values(model)
+    assert kernel
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
 
 
 def test_missing_values_split_the_observed_rows_and_keep_the_imputed_ones(session):

@@ -103,3 +103,46 @@ def test_observed_values_equal_to_data_are_kept_apart():
     terms = _terms(m)
     assert len(terms.row_vars) == 2 and terms.row_vars[0].name == "y"
     assert np.isclose(_logp_at_rows(m, terms), _plain_logp(m), rtol=1e-12, atol=0)
+
+
+def _ones_model(column, potential=False):
+    """bambi's ``1|group`` term: a coefficient per group multiplied by
+    ``column`` (bambi's column of ones), with a slope on data ``x``; as a
+    likelihood, or as a potential over the rows (no observed stand-in)."""
+    rng = np.random.default_rng(4)
+    g, x, y = rng.integers(0, 3, N), rng.standard_normal(N), rng.standard_normal(N)
+    with pm.Model() as m:
+        u = pm.Normal("u", 0, 1, shape=3)
+        b = pm.Normal("b", 0, 1)
+        mu = (u[g] * column if column.ndim == 1 else u[g] * column.sum(1)) + b * x
+        if potential:
+            pm.Potential("lik", pm.logp(pm.Normal.dist(mu, 1), y))
+        else:
+            pm.Normal("y", mu, 1, observed=y)
+    return m
+
+
+@pytest.mark.parametrize("column", ["int64 ones", "float 2.5", "rows of two values"])
+@pytest.mark.parametrize("potential", [False, True])
+def test_rows_all_the_same_are_a_constant_not_held(column, potential):
+    value = {"int64 ones": np.ones(N, "int64"), "float 2.5": np.full(N, 2.5),
+             "rows of two values": np.tile([0.5, -1.0], (N, 1))}[column]
+    m = _ones_model(value, potential)
+    terms = find_terms(m, list(m.potentials if potential else m.observed_RVs), N)
+    held = [val for val in terms.row_values]
+    assert not any(val.shape == value.shape and np.array_equal(val, value) for val in held), column
+    assert len(held) == 3, "the values, x and the index"
+    terms_of = list(m.potentials if potential else m.observed_RVs)
+    plain = m.compile_logp(vars=terms_of, sum=True)(m.initial_point())
+    assert np.isclose(_logp_at_rows(m, terms), plain, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("change", ["last row differs", "negative zero"])
+def test_rows_that_differ_in_one_place_are_held(change):
+    value = np.ones(N) if change == "last row differs" else np.zeros(N)
+    value[-1] = 1.5 if change == "last row differs" else -0.0  # (-0.0 == 0.0, but not bit for bit)
+    m = _ones_model(value)
+    terms = _terms(m)
+    assert any(val.dtype == value.dtype and np.array_equal(val, value) and
+               np.array_equal(np.signbit(val), np.signbit(value)) for val in terms.row_values), change
+    assert np.isclose(_logp_at_rows(m, terms), _plain_logp(m), rtol=1e-12, atol=0)

@@ -86,7 +86,12 @@ def initial_inputs(model, terms, jitter=False):
 
 
 def _jittered(model):
+    """The model's initial point with its continuous variables jittered (PyMC
+    jitters only those); where it cannot be made, the initial point."""
     from pymc.initial_point import make_initial_point_fn
 
-    start = make_initial_point_fn(model=model, jitter_rvs=set(model.free_RVs), return_transformed=True)
-    return start(JITTER_SEED)
+    continuous = {rv for rv in model.free_RVs if rv.type.dtype.startswith("float")}
+    try:
+        return make_initial_point_fn(model=model, jitter_rvs=continuous, return_transformed=True)(JITTER_SEED)
+    except Exception:  # (an initial value PyMC cannot jitter: nothing to time there that the point lacks)
+        return model.initial_point()

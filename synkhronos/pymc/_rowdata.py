@@ -36,7 +36,7 @@ def held_compactly(logps, row_vars, row_values, keep):
     says; the variables in ``keep`` (the observed values' stand-ins, a list)
     are left as they are."""
     logps, row_vars, row_values = _merged_and_narrowed(logps, row_vars, row_values, set(keep))
-    return _repeats_folded(logps, row_vars, row_values, list(keep))
+    return _repeats_folded(logps, row_vars, row_values, keep)
 
 
 def _merged_and_narrowed(logps, row_vars, row_values, keep):

@@ -2,7 +2,8 @@
 gradient of a matrix-vector product divided by a scale is one pass over the rows
 (no elementwise node over an added axis left), and any elementwise expression
 over operands that add or hold axes of length 1 gives the values numpy gives,
-with and without PyTensor's rewrites (Hypothesis)."""
+with and without PyTensor's rewrites (Hypothesis).  That Synkhronos functions
+include it: ``test_linking``."""
 
 import numpy as np
 import pytensor
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from pytensor.compile.mode import Mode
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 
-from synkhronos._graph.expand_dims import TAG, expand_dims_sunk_mode
+from synkhronos._graph.expand_dims import expand_dims_sunk_mode
 
 
 def _over_added_axes(fn):
@@ -96,18 +97,3 @@ def test_any_expression_over_added_axes_equals_numpy(case, optimizer):
     np.testing.assert_allclose(got, np.broadcast_to(want, shape), rtol=1e-14)
     if optimizer == "fast_run":
         assert not _over_added_axes(fn)
-
-
-def test_synkhronos_functions_include_it():
-    from synkhronos._graph.linking import device_kwargs
-
-    class Device:
-        precision = "highest"
-
-        def function_kwargs(self, kwargs):
-            return dict(kwargs)
-
-    mode = device_kwargs(Device(), {})["mode"]
-    assert TAG in mode.provided_optimizer.include
-
-

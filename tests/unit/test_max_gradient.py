@@ -37,16 +37,3 @@ def test_gradient_equals_plain_pytensor(optimizer, case):
         compares = [n for n in rewritten.maker.fgraph.toposort()
                     if isinstance(n.op, Elemwise) and isinstance(n.op.scalar_op, EQ)]
         assert not compares  # the rewrite fired
-
-
-def test_synkhronos_functions_include_it():
-    from synkhronos._graph.linking import device_kwargs
-
-    class Device:
-        precision = "highest"
-
-        def function_kwargs(self, kwargs):
-            return dict(kwargs)
-
-    mode = device_kwargs(Device(), {})["mode"]
-    assert "synk_max_gradient" in mode.provided_optimizer.include

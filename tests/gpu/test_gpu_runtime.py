@@ -150,6 +150,52 @@ def test_outputs_of_static_shape_are_reduced_on_the_gpus(gpu2, monkeypatch):
     assert [m for _, _, m in reduced[0]] == ["avg", "sum", "max", "min", "prod", "sum"]
 
 
+@pytest.mark.parametrize("cols", [1, 1 << 18, (1 << 18) + 1])  # 4 bytes, 1 MiB, past it
+def test_reduced_outputs_across_the_pinned_copy_limit(gpu2, cols, monkeypatch):
+    """Reduced outputs up to 1 MiB come to the host through page-locked buffers
+    kept for the next call, larger ones after the wait: either way equal to
+    numpy, in fresh arrays that the next call does not overwrite.  Outputs
+    computed before their reduction starts are sent from where they are (in the
+    master here, made to wait for them), others through a DLPack view (a long
+    chain of products runs first)."""
+    import jax
+
+    from synkhronos._devices.gpu import _outputs
+
+    x = pt.tensor("x", dtype="float32", shape=(None, cols))
+    n = 2048
+    y = pytensor.shared(np.eye(n, dtype="float32"), name="s", shape=(n, n))
+    for _ in range(8):
+        y = pt.tanh(y.dot(y))
+    fast = synk.function([x], outputs=[(x.sum(axis=0), "sum"), (x.max(axis=0), "max"), x.mean(axis=0)])
+    slow = synk.function([x], outputs=(x.sum(axis=0) + y[0, 0], "sum"))
+    synk.distribute()
+    dev = synk._session.runtime.current().device
+    exports, through_device, to_cupy = [], dev.reduce_outputs, dev._to_cupy
+    monkeypatch.setattr(dev, "_to_cupy", lambda v: exports.append(v) or to_cupy(v))
+
+    def computed_first(outputs, *rest):
+        return through_device(jax.block_until_ready(outputs), *rest)
+
+    rng = np.random.default_rng(cols)
+    datas = [rng.standard_normal((4, cols)).astype("float32") for _ in range(2)]  # rows 2 + 2
+    y00 = np.float32(np.tanh(1.0))
+    for _ in range(7):
+        y00 = np.tanh(y00 * y00)
+    monkeypatch.setattr(dev, "reduce_outputs", computed_first)
+    got = [fast(synk.data(d)) for d in datas]
+    assert not exports
+    monkeypatch.setattr(dev, "reduce_outputs", through_device)
+    got_slow = [slow(synk.data(d)) for d in datas]
+    assert len(exports) == 2
+    for g, g_slow, d in zip(got, got_slow, datas):
+        want = [d.sum(axis=0), d.max(axis=0), d.mean(axis=0), d.sum(axis=0) + 2 * y00]
+        for a, b in zip(g + [g_slow], want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    pinned = [k for k in dev._pinned_kept if k[1] == (cols,)]
+    assert len(pinned) == (3 if 4 * cols <= _outputs._PINNED_MAX_BYTES else 0)
+
+
 def test_failed_share_in_the_master_still_takes_part_in_the_reduction(gpu2):
     """The master's own share fails: it still sends identity values, so the
     worker's reduction does not wait forever, and the session goes on."""
@@ -452,6 +498,28 @@ def test_calls_without_results_are_queued_in_order_and_errors_come_later(gpu2):
     assert info.value.rank == 1 and "during an earlier call" in str(info.value)
     step(batch_s=slice(0, 1))
     synk.synchronize()
+
+
+def test_synchronize_waits_for_a_queued_update(gpu2):
+    """A call without outputs returns once queued; synchronize() returns only once
+    the update it queued is computed (on every rank; checked in the master), though
+    it waits for the values written since the last synchronize() only."""
+    n = 4096
+    s = pytensor.shared(np.eye(n, dtype="float32"), name="s", shape=(n, n))
+    others = [pytensor.shared(np.ones(4, dtype="float32"), name="o%d" % i) for i in range(50)]
+    x = s
+    for _ in range(24):  # tens of milliseconds of products on an H200
+        x = pt.tanh(x.dot(x) * np.float32(0.5))
+    step = synk.function([], updates=[(s, x)])
+    synk.function([], outputs=sum(o.sum() for o in others))
+    synk.distribute()
+    step()
+    synk.synchronize()  # the first call: compiling made the master wait anyway
+    for _ in range(3):
+        step()
+        synk.synchronize()
+        assert s.get_value(return_internal_type=True).is_ready()
+    np.testing.assert_allclose(synk.get_value(1, s)[:2, :2], s.get_value()[:2, :2])
 
 
 def test_queued_collectives_hold_bounded_memory(gpu2, monkeypatch):

@@ -113,3 +113,23 @@ def test_unweighted_avg_is_divided_by_the_ranks_that_had_rows():
     got = take_reduced(rt.device, specs, (4, True, "handle"), {1: (4, True), 2: (4, True)}, weighted=False)
     assert got[0] == pytest.approx(12.0 / 3) and got[0].dtype == np.float32
     assert got[1] == 9
+
+
+def test_gpu_synchronize_waits_for_the_values_written_since_the_last_one(monkeypatch):
+    """GPU ranks' synchronize() waits for the shared values that calls updated and
+    set_value put on the GPU since the previous one, not for every shared value of
+    the session (JAX's wait costs the host per array, and models have hundreds)."""
+    import jax
+
+    waited = []
+    monkeypatch.setattr(jax, "block_until_ready", lambda values: waited.append(list(values)))
+    device = gpu.GpuDevice(gpu_ids=[])
+    a, b, c, d = (pytensor.shared(np.zeros(2, "float32"), name=n) for n in "abcd")
+    step = types.SimpleNamespace(updates=[(a, None), (b, None)])
+    device.after_updates(step)
+    device.after_updates(step)  # called twice: its updates are waited for once
+    device.set_value(c, np.ones(2, "float32"))
+    device.synchronize([a, b, c, d])
+    assert sorted(id(v) for v in waited[0]) == sorted(id(v.container.storage[0]) for v in (a, b, c))
+    device.synchronize([a, b, c, d])  # nothing written since
+    assert waited[1] == []

@@ -61,4 +61,8 @@ class GpuDevice(EnvMixin, ValuesMixin, StreamMixin, CollectivesMixin, OutputsMix
         self._export = None  # JAX -> CuPy, see cupy_exporter
         self._copier = None  # (stream, JAX -> CuPy on it) for copies to the host, see to_host
         self._own = {}  # id(var) -> (weakref to its JAX value, the CuPy buffer under it)
+        self._updated_by = {}  # id(core) -> core called since the last synchronize()
+        self._set_since = {}  # id(var) -> var given a value since then (see _unsynced_vars)
+        self._gpu = None  # JAX's device in this process, see _jax_device
+        self._pinned_kept = {}  # (output, shape, dtype) -> page-locked host array, see _pinned
         self._ops = None

@@ -56,6 +56,9 @@ class StreamMixin:
 
     def close(self, abort=False):
         """Leave the communicator; ``abort`` when a collective may be stuck."""
+        self._updated_by.clear()
+        self._set_since.clear()
+        self._pinned_kept.clear()
         self._inflight.clear()
         self._own.clear()
         self._copier = None
@@ -71,17 +74,42 @@ class StreamMixin:
             self._comm = None
 
     def synchronize(self, shareds):
-        """Wait until every queued computation and collective on this GPU is done."""
+        """Wait until every queued computation and collective on this GPU is done.
+
+        ``shareds`` (every shared variable of the session) is not looked at:
+        only the values written since the last ``synchronize`` can still be
+        queued (see ``_unsynced_vars``), and JAX's wait costs the host a fraction
+        of a microsecond per array, however long ago it was done.  The NCCL
+        stream's wait covers every collective's outputs."""
         import jax
 
-        # One wait for all of them: JAX waits for a list of arrays in one native
-        # call, where a wait per array costs microseconds of Python each (a model
-        # has hundreds of shared variables, and this is every synchronize()).
-        jax.block_until_ready([var.container.storage[0] for var in shareds])
+        del shareds
+        # One native wait for the list, not one per array.
+        jax.block_until_ready([var.container.storage[0] for var in self._unsynced_vars()])
         if self._stream is not None:
             self._stream.synchronize()
         self._inflight.clear()
         self._held = 0
+
+    # The values that JAX may still be computing or copying: updates of the
+    # functions called since the last ``synchronize`` (``after_updates``) and
+    # values put on the GPU (``set_value``).  Kept as functions and variables,
+    # not arrays: one dict entry per call, whatever its number of updates.
+    def after_updates(self, core):
+        self._updated_by[id(core)] = core
+
+    def _put(self, var):
+        self._set_since[id(var)] = var
+
+    def _unsynced_vars(self):
+        """Variables whose values were written since the last ``synchronize``;
+        forgotten as they are returned."""
+        found = dict(self._set_since)
+        for core in self._updated_by.values():
+            found.update((id(var), var) for var, _ in core.updates)
+        self._updated_by.clear()
+        self._set_since.clear()
+        return found.values()
 
     def _retire(self, *arrays):
         """Keep ``arrays`` alive until the NCCL stream has passed this point.  If

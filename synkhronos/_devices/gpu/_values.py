@@ -31,9 +31,9 @@ class ValuesMixin:
         if not isinstance(value, jax.Array):
             value = np.array(value, dtype=var.dtype, copy=True)
         var.container.storage[0] = jax.device_put(value)
+        self._put(var)
 
-    @staticmethod
-    def _jax_value(var):
+    def _jax_value(self, var):
         """``var``'s value as a JAX array on this GPU (put there if it is not yet)."""
         import jax
 
@@ -41,6 +41,7 @@ class ValuesMixin:
         if not isinstance(v, jax.Array):
             v = jax.device_put(np.asarray(v))
             var.container.storage[0] = v
+            self._put(var)
         return v
 
     def device_value(self, var):

@@ -51,14 +51,16 @@ def check_linker():
     return text
 
 
-def linker_chosen(fn, graph, point, batch, busiest):
+def linker_chosen(fn, graph, trial_point, batch, busiest):
     """``(fn, graph)``: ``fn``, the distributed function of ``graph`` (a
     ``RanksGraph`` compiled with the ranks' default linker, ``busiest`` rows on
     the rank holding most), or a function of the same rows compiled with
     PyTensor's own linker and its graph, as the module's docstring says;
-    ``point``: the model's initial point, jittered (``initial_inputs``)."""
+    ``trial_point()``: the model's initial point, jittered (``initial_inputs``;
+    made only where the linkers are timed: PyMC compiles a function for it)."""
     if not _to_time(graph, batch, busiest):
         return fn, graph
+    point = trial_point()
     shapes = [x.shape for x in point[:len(graph.params)]]
     own_graph = packed(for_own_linker(dataclasses.replace(graph.one_point(), mode=OWN_LINKER)), shapes)
     try:

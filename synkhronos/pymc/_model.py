@@ -35,6 +35,7 @@ every draw and ArviZ's PSIS of each row (``_psis``, a whole block at once in
 this process.
 """
 
+import functools
 import logging
 import threading
 
@@ -147,7 +148,7 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     graph = packed(graph, [x.shape for x in point[:len(terms.params)]])
     fn = distributed(graph, terms.row_values, on=rows_on(ranks))
     # (Timed where a chain starts: PyTensor's Numba code branches on values.)
-    trial = initial_inputs(model, terms, jitter=True)
+    trial = functools.partial(initial_inputs, model, terms, jitter=True)
     fn, graph = linker_chosen(fn, graph, trial, batch, n_rows if ranks == 1 else -(-n_rows // n))
     served, route = evaluator(fn, graph)
     where = placed(served, graph, terms, point, ranks)

@@ -14,7 +14,7 @@ pm = pytest.importorskip("pymc")
 from test_pymc import N_RANKS, assert_same_density, float64_session  # noqa: E402
 from test_pymc_workflow import draws, logistic_with_dims  # noqa: E402
 
-from synkhronos.pymc import _linker, data_parallel  # noqa: E402
+from synkhronos.pymc import _linker, _split, data_parallel  # noqa: E402
 from synkhronos.pymc._loo import rows_op_of  # noqa: E402
 
 N = 1001
@@ -113,10 +113,12 @@ def test_not_timed_where_it_is_not_to_be(session, trial, monkeypatch, how):
         kwargs["batch"] = False
     else:
         monkeypatch.setenv(_linker.LINKER_ENV, " JAX")
-    built = []
+    built, jittered = [], []
     monkeypatch.setattr(_linker, "distributed", lambda *a: built.append(a))
+    monkeypatch.setattr(_split, "_jittered", lambda model: jittered.append(model))
     copy = data_parallel(logistic_with_dims(n=N), **kwargs)
     assert not built  # no function of PyTensor's own linker compiled
+    assert not jittered  # nor PyMC's of the trial's point
     assert not _runs_own(copy)
 
 

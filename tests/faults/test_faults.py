@@ -106,12 +106,16 @@ def _fresh_session_works():
     assert our_segments() == [] and our_tmpdirs() == []
 
 
-def _in_a_moment(fn, delay=0.3):
-    """Run ``fn`` in ``delay`` seconds unless disarmed; returns the disarm call."""
+def _in_a_moment(fn, delay=0.3, once=None):
+    """Run ``fn`` ``delay`` seconds after ``once()`` holds (polled; from now if
+    None) unless disarmed; returns the disarm call."""
     lock = threading.Lock()
     armed = [True]
 
     def fire():
+        deadline = time.monotonic() + HANG_GUARD_S
+        while once is not None and not once() and time.monotonic() < deadline:
+            time.sleep(0.001)
         time.sleep(delay)
         with lock:
             if armed[0]:
@@ -187,11 +191,14 @@ def test_worker_crash_reports_its_stack(fresh, monkeypatch):
 @pytest.mark.parametrize("point", sorted(POINTS))
 def test_ctrl_c_inside(fresh, monkeypatch, point):
     """Ctrl-C while the master waits for the workers: KeyboardInterrupt, and the
-    session is closed (the worker busy with the command is killed)."""
+    session is closed (the worker busy with the command is killed).  The signal
+    comes once the command is sent (on a busy machine the call may take longer
+    than a fixed delay to get there; before it, Ctrl-C keeps the session)."""
     e = _env(monkeypatch, point, "hang")
     left = Leftovers(e.rt)
     main = threading.main_thread().ident
-    disarm = _in_a_moment(lambda: signal.pthread_kill(main, signal.SIGINT))
+    disarm = _in_a_moment(lambda: signal.pthread_kill(main, signal.SIGINT), delay=0.05,
+                          once=lambda: e.rt.workers[1].busy)
     returned = False
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):

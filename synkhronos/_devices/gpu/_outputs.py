@@ -76,9 +76,10 @@ class OutputsMixin:
                                   _nccl_dtype(nccl, dtype), self._op("sum" if mode == "avg" else mode),
                                   root, stream.ptr)
                 results.append(out)
-        self._retire(*keep)
+        hosts = self._queue_host_copies(results) if root_here else None
+        done = self._retire(*keep)  # (recorded after the copies: one event marks both)
         self._raise(problems)
-        return self._queue_host_copies(results) if root_here else None
+        return _Reduced(results, hosts, done) if root_here else None
 
     def _output_pointer(self, value, shape, dtype, mode, weight, keep):
         """The device address of a rank's output as NCCL sends it (weighted for
@@ -123,7 +124,8 @@ class OutputsMixin:
 
     def _queue_host_copies(self, results):
         """Queue on the NCCL stream the copies of small reduced outputs
-        ``results`` into page-locked host buffers; the handle for ``take_outputs``."""
+        ``results`` into page-locked host buffers; per output, its buffer or
+        None (copied after the wait)."""
         from cupy.cuda import runtime
 
         hosts = []
@@ -133,7 +135,7 @@ class OutputsMixin:
                 runtime.memcpyAsync(host.ctypes.data, r.data.ptr, r.nbytes, runtime.memcpyDeviceToHost,
                                     self._stream.ptr)
             hosts.append(host)
-        return _Reduced(results, hosts, self._mark())
+        return hosts
 
     def _pinned(self, k, shape, dtype):
         """A page-locked host array for output ``k`` of ``shape`` and ``dtype``,

@@ -18,7 +18,13 @@ mode), timed as a jitted call with its points and rows on the GPU:
 * ``hand_points_inner``: ``hand`` with the grid's axes swapped (blocks, then
   points), so that the programs of one block run next to each other;
 * ``hand_one_read``: one program per block for all the points, the rows read
-  once.
+  once;
+* ``fm``, ``fm_loop``, ``fm_one_read``: ``hand``, ``hand_loop`` and
+  ``hand_one_read`` on the rows stored feature by feature (a D x n array), so
+  that each column's load is contiguous.
+
+Beside the forms, two bounds timed through XLA: reading the rows once, and the
+row math of K points alone (on values made in the kernel: no memory traffic).
 
 Every form is checked against numpy on the first 20,000 rows (the largest
 relative difference is printed).  Prints a table, writes JSON and a PNG
@@ -38,8 +44,11 @@ from _common import default_out, gpu_name, machine_info, print_machine, table, w
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 D = 5  # features
-BLOCK = 256
-FORMS = ("kernel", "kernel_apart", "hand", "hand_loop", "hand_f32_math", "hand_points_inner", "hand_one_read")
+BLOCK = 256  # rows per block of the hand forms
+WARPS = None  # warps per program of the hand forms (None: Pallas's default)
+FORMS = ("kernel", "kernel_apart", "hand", "hand_loop", "hand_f32_math", "hand_points_inner", "hand_one_read",
+         "fm", "fm_loop", "fm_one_read")
+FEATURE_MAJOR = ("fm", "fm_loop", "fm_one_read")  # the rows stored feature by feature (D x n)
 
 
 def _row_math(xs, y, q, jnp):
@@ -56,8 +65,9 @@ def _row_math(xs, y, q, jnp):
     return [logp] + [jnp.where(one, 1 - s, -s) * xs[j] for j in range(D)] + [jnp.where(one, 1 - s, -s)]
 
 
-def _hand(points, n, loop=1, f32=False, inner=False, one_read=False):
-    """``f(q (points x D+1), x, y) -> (points, D+2)``: logp, gradient by beta, by alpha."""
+def _hand(points, n, loop=1, f32=False, inner=False, one_read=False, fm=False):
+    """``f(q (points x D+1), x, y) -> (points, D+2)``: logp, gradient by beta, by alpha.
+    ``fm``: ``x`` is stored feature by feature (D x n), so each column's load is contiguous."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -66,6 +76,10 @@ def _hand(points, n, loop=1, f32=False, inner=False, one_read=False):
     blocks = -(-n // BLOCK)
     programs = -(-blocks // loop)
     dtype = jnp.float64
+
+    def _columns(x_ref, safe, mask):
+        at = (lambda j: j * n + safe) if fm else (lambda j: safe * D + j)
+        return [plt.load(x_ref.at[at(j)], mask=mask, other=0) for j in range(D)]
 
     def body(q_ref, x_ref, y_ref, o_ref):
         if one_read:
@@ -79,7 +93,7 @@ def _hand(points, n, loop=1, f32=False, inner=False, one_read=False):
             index = (pid * loop + i) * BLOCK + jnp.arange(BLOCK)
             mask = index < n
             safe = jnp.where(mask, index, 0)
-            xs = [plt.load(x_ref.at[safe * D + j], mask=mask, other=0) for j in range(D)]
+            xs = _columns(x_ref, safe, mask)
             y = plt.load(y_ref.at[safe], mask=mask, other=0)
             if f32:
                 xs = [v.astype(jnp.float32) for v in xs]
@@ -96,7 +110,7 @@ def _hand(points, n, loop=1, f32=False, inner=False, one_read=False):
         index = pid * BLOCK + jnp.arange(BLOCK)
         mask = index < n
         safe = jnp.where(mask, index, 0)
-        xs = [plt.load(x_ref.at[safe * D + j], mask=mask, other=0) for j in range(D)]
+        xs = _columns(x_ref, safe, mask)
         y = plt.load(y_ref.at[safe], mask=mask, other=0)
         for k in range(points):
             q = [q_ref[k * (D + 1) + j] for j in range(D + 1)]
@@ -104,8 +118,9 @@ def _hand(points, n, loop=1, f32=False, inner=False, one_read=False):
                 o_ref[k * (D + 2) + m, pid] = jnp.sum(jnp.where(mask, v, 0))
 
     grid = (programs,) if one_read else ((programs, points) if inner else (points, programs))
+    params = {} if WARPS is None else dict(compiler_params=plt.CompilerParams(num_warps=WARPS))
     call = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((points * (D + 2), programs), dtype),
-                          grid=grid, interpret=jax.default_backend() != "gpu")
+                          grid=grid, interpret=jax.default_backend() != "gpu", **params)
     def f(q, x, y):
         return jnp.sum(call(q.reshape(-1), x.reshape(-1), y), axis=1).reshape(points, D + 2)
     return jax.jit(f)
@@ -168,11 +183,36 @@ def _ms(f, args, reps):
     return 1e3 * float(np.median(times))
 
 
+def _floors(x, y, points, reps, rounds):
+    """Two bounds of any form, timed through XLA: reading the rows once (their
+    column sums), and the row math of ``points`` points alone (softplus and
+    sigmoid through one exponential, float64, on values made in the kernel
+    and summed: no memory traffic)."""
+    import jax
+    import jax.numpy as jnp
+
+    read = jax.jit(lambda x, y: jnp.sum(x, axis=0) + jnp.sum(y))
+    n = x.shape[0]
+
+    def math_of(k):
+        def f(scale):
+            eta = jax.lax.iota(jnp.float64, k * n) * (1e-7 * scale) - 2
+            e = jnp.exp(-jnp.abs(eta))
+            return jnp.sum(jnp.log1p(e) + jnp.maximum(eta, 0)) + jnp.sum(jnp.where(eta >= 0, 1, e) / (1 + e))
+        return jax.jit(f)
+
+    out = {"read": min(_ms(read, (x, y), reps) for _ in range(rounds))}
+    for k in points:
+        out["math_%d" % k] = min(_ms(math_of(k), (jnp.float64(1),), reps) for _ in range(rounds))
+    return out
+
+
 def _make(form, points, n):
     if form in ("kernel", "kernel_apart"):
         return _kernel(form == "kernel_apart")
-    return _hand(points, n, loop=8 if form == "hand_loop" else 1, f32=form == "hand_f32_math",
-                 inner=form == "hand_points_inner", one_read=form == "hand_one_read")
+    return _hand(points, n, loop=8 if form in ("hand_loop", "fm_loop") else 1, f32=form == "hand_f32_math",
+                 inner=form == "hand_points_inner", one_read=form in ("hand_one_read", "fm_one_read"),
+                 fm=form in FEATURE_MAJOR)
 
 
 def measure(args):
@@ -183,21 +223,26 @@ def measure(args):
     x_host = rng.standard_normal((args.rows, D))
     y_host = rng.integers(0, 2, args.rows)
     x, y = jax.device_put(x_host), jax.device_put(y_host)
+    xt = jax.device_put(np.ascontiguousarray(x_host.T))
     m = min(args.rows, 20_000)
     x_small, y_small = jax.device_put(x_host[:m]), jax.device_put(y_host[:m])
+    xt_small = jax.device_put(np.ascontiguousarray(x_host[:m].T))
     records = []
     for k in args.points:
         q = jax.device_put(rng.standard_normal((k, D + 1)) * 0.3)
         want = _numpy(np.asarray(q), x_host[:m], y_host[:m])
-        for form in FORMS:
-            got = np.asarray(_make(form, k, m)(q, x_small, y_small))
+        for form in args.forms:
+            fm = form in FEATURE_MAJOR
+            got = np.asarray(_make(form, k, m)(q, xt_small if fm else x_small, y_small))
             err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
             f = _make(form, k, args.rows)
-            ms = min(_ms(f, (q, x, y), args.reps) for _ in range(args.rounds))
+            ms = min(_ms(f, (q, xt if fm else x, y), args.reps) for _ in range(args.rounds))
             records.append(dict(form=form, points=k, ms=ms, rel_err=err))
             print("  %-14s %d point(s): %.3f ms (max rel diff %.1e)" % (form, k, ms, err), flush=True)
     dev = jax.devices()[0]
-    return records, dict(device=str(dev.device_kind), platform=dev.platform, jax=jax.__version__)
+    floors = _floors(x, y, args.points, args.reps, args.rounds)
+    return records, dict(device=str(dev.device_kind), platform=dev.platform, jax=jax.__version__,
+                         floors=floors)
 
 
 def main(argv=None):
@@ -206,6 +251,7 @@ def main(argv=None):
     p.add_argument("--points", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2, 4])
     p.add_argument("--reps", type=int, default=100, help="calls per median")
     p.add_argument("--rounds", type=int, default=2, help="medians per form and point count (the least kept)")
+    p.add_argument("--forms", type=lambda s: s.split(","), default=list(FORMS))
     p.add_argument("--out", default=default_out(__file__))
     args = p.parse_args(argv)
     info = machine_info()
@@ -217,6 +263,9 @@ def main(argv=None):
     print(table(["form", "points", "ms", "of 1 point's", "max rel diff"],
                 [[r["form"], r["points"], "%.3f" % r["ms"], "%.2fx" % (r["ms"] / one[r["form"]]),
                   "%.1e" % r["rel_err"]] for r in records]))
+    floors = meta["floors"]
+    maths = ", ".join("%d point(s) %.3f ms" % (k, floors["math_%d" % k]) for k in args.points)
+    print("bounds (XLA): reading the rows %.3f ms; the row math alone, %s" % (floors["read"], maths))
     write_results(args.out, dict(benchmark="rows_kernel_forms", machine=info, gpu=gpu_name(), rows=args.rows,
                                  features=D, reps=args.reps, **meta, records=records))
 

@@ -60,8 +60,8 @@ class _WorkerState:
         self.host_copies = {}  # slot -> Segment: this host's copies of Data (host leaders, MPI)
         self.cores = None
         self.shareds = None
-        # Import PyTensor while the master is still building graphs.
-        self._importer = threading.Thread(target=_import_pytensor, daemon=True)
+        # Import PyTensor (and JAX) while the master is still building graphs.
+        self._importer = threading.Thread(target=_import_libraries, args=(self.device.name,), daemon=True)
         self._importer.start()
 
     def shared(self, ID):
@@ -89,9 +89,19 @@ class _WorkerState:
         self.host_copies.clear()
 
 
-def _import_pytensor():
+def _import_libraries(device):
+    """Import PyTensor, and on a CPU rank whose functions compile with JAX by
+    default, JAX and PyTensor's JAX backend: most of a second that the first
+    ``distribute()`` would otherwise wait for.  Importing starts no JAX backend:
+    ``Device.start_jax_pool`` still chooses its platform and cores first.  (A GPU
+    rank imports JAX as it joins the NCCL communicator.)"""
     try:
         import pytensor  # noqa: F401
+
+        from .._devices.cpu import jax_by_default
+
+        if device == "cpu" and jax_by_default():
+            import pytensor.link.jax.dispatch  # noqa: F401
     except Exception:  # reported when DISTRIBUTE imports it again
         pass
 

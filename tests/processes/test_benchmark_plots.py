@@ -175,9 +175,12 @@ def test_rows_kernel_forms_agree_and_write_png(tmp_path):
     _run_ok(os.path.join(BENCH, "rows_kernel_forms.py"), "--rows", "700", "--points", "1,3", "--reps", "2",
             "--rounds", "1", "--out", out)
     with open(out) as f:
-        records = json.load(f)["records"]
+        got = json.load(f)
+    records = got["records"]
     forms = {r["form"] for r in records}
-    assert len(records) == 2 * len(forms) and {"kernel", "kernel_apart", "hand_one_read"} <= forms
+    assert len(records) == 2 * len(forms)
+    assert {"kernel", "kernel_apart", "hand_one_read", "fm_one_read"} <= forms
+    assert set(got["floors"]) == {"read", "math_1", "math_3"}
     for r in records:
         assert r["rel_err"] < (1e-5 if r["form"] == "hand_f32_math" else 1e-12), r
     assert os.path.getsize(out[:-5] + ".png") > 10_000

@@ -3,6 +3,7 @@ operations, inputs as CuPy views of JAX arrays, outputs imported back into JAX,
 and ``all_reduce``, ``reduce``, ``broadcast``, ``gather``, ``all_gather``."""
 
 import functools
+import math
 import weakref
 
 import numpy as np
@@ -244,7 +245,7 @@ class CollectivesMixin:
                     joined = cupy.empty((rows,) + x.shape[1:], dtype=x.dtype)
                     self._comm.allGather(x.data.ptr, joined.data.ptr, x.size, dt, self._stream.ptr)
                 else:
-                    sizes = [int(np.prod(s, dtype=np.int64)) for s in per_rank]
+                    sizes = [math.prod(s) for s in per_rank]
                     width = max(sizes)
                     send = cupy.zeros(width, dtype=x.dtype)
                     send[:x.size] = x.reshape(-1)

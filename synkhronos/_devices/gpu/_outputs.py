@@ -1,6 +1,8 @@
 """Function outputs reduced over NCCL: each rank's outputs of static shape are
 reduced into the master on the GPUs, then copied to the host there."""
 
+import math
+
 import numpy as np
 
 from ..._common.reduce import identity
@@ -72,7 +74,7 @@ class OutputsMixin:
                     sent = x.data.ptr
                 out = cupy.empty(shape, dtype) if root_here else None
                 # avg: the (weighted) parts are summed here and divided on the host.
-                self._comm.reduce(sent, sent if out is None else out.data.ptr, int(np.prod(shape)),
+                self._comm.reduce(sent, sent if out is None else out.data.ptr, math.prod(shape),
                                   _nccl_dtype(nccl, dtype), self._op("sum" if mode == "avg" else mode),
                                   root, stream.ptr)
                 results.append(out)

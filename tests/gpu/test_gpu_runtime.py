@@ -196,6 +196,47 @@ def test_reduced_outputs_across_the_pinned_copy_limit(gpu2, cols, monkeypatch):
     assert len(pinned) == (3 if 4 * cols <= _outputs._PINNED_MAX_BYTES else 0)
 
 
+@pytest.mark.gpus(1)
+@pytest.mark.parametrize("cols", [1, 1 << 18, (1 << 18) + 1])  # 4 bytes, 1 MiB, past it
+def test_reduced_outputs_of_consecutive_calls_stay_apart(cols, monkeypatch):
+    """Through the NCCL reduction (forced where one GPU is all there is: a
+    communicator of one), outputs up to 1 MiB land in GPU and host buffers kept
+    for the next call's output of the same position, shape and dtype.  Two
+    functions alternate on the same buffers: every result equals numpy's, keeps
+    its dtype, and no result changes in the calls that follow."""
+    from synkhronos._devices import gpu
+    from synkhronos._devices.gpu import _outputs
+
+    n = len(gpu.visible_gpus())
+    monkeypatch.setattr(gpu.GpuDevice, "reduces_outputs", property(lambda self: True))
+    synk.fork(n, use_gpu=True)
+    try:
+        x = pt.tensor("x", dtype="float32", shape=(None, cols))
+        f = synk.function([x], outputs=[(x.sum(axis=0), "sum"), (x.max(axis=0), "max"),
+                                         ((x > 0).sum(axis=0), "sum"), x.mean(axis=0)])
+        g = synk.function([x], outputs=[((2 * x).sum(axis=0), "sum"), ((-x).max(axis=0), "max"),
+                                         ((x < 0).sum(axis=0), "sum")])
+        synk.distribute()
+        rng = np.random.default_rng(cols)
+        got, want = [], []
+        for _ in range(3):
+            d = rng.standard_normal((2 * n + 1, cols)).astype("float32")  # uneven rows: weighted avg
+            data = synk.data(d)
+            got += [f(data), g(data)]
+            want += [[d.sum(0), d.max(0), (d > 0).sum(0), d.mean(0)],
+                     [(2 * d).sum(0), (-d).max(0), (d < 0).sum(0)]]
+        for results, expected in zip(got, want):
+            for a, b in zip(results, expected):
+                assert a.dtype == b.dtype and a.shape == b.shape
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+        dev = synk._session.runtime.current().device
+        kept = [k for k in dev._pinned_kept if k[1] == (cols,)]
+        # f's outputs of up to 1 MiB (the int64 one is twice the float32 ones); g's three are f's.
+        assert len(kept) == sum(cols * size <= _outputs._PINNED_MAX_BYTES for size in (4, 4, 8, 4))
+    finally:
+        synk.close()
+
+
 def test_failed_share_in_the_master_still_takes_part_in_the_reduction(gpu2):
     """The master's own share fails: it still sends identity values, so the
     worker's reduction does not wait forever, and the session goes on."""

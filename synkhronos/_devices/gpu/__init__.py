@@ -64,5 +64,6 @@ class GpuDevice(EnvMixin, ValuesMixin, StreamMixin, CollectivesMixin, OutputsMix
         self._updated_by = {}  # id(core) -> core called since the last synchronize()
         self._set_since = {}  # id(var) -> var given a value since then (see _unsynced_vars)
         self._gpu = None  # JAX's device in this process, see _jax_device
-        self._pinned_kept = {}  # (output, shape, dtype) -> page-locked host array, see _pinned
+        self._pinned_kept = {}  # (output, shape, dtype) -> (GPU, page-locked host) arrays, see _landing
+        self._sharding_seen = {}  # id(sharding) -> (it, on NCCL's GPU), see _on_nccl_gpu
         self._ops = None

@@ -10,12 +10,15 @@ from ._collectives import _nccl_dtype
 
 __all__ = ["OutputsMixin"]
 
-# Outputs up to this size are copied to page-locked host buffers kept for reuse,
-# queued on the NCCL stream right behind their reduction: the master then waits
-# once for both.  Larger ones are copied after that wait, into fresh host memory
+# Outputs up to this size are reduced into GPU buffers kept for reuse and copied
+# to page-locked host buffers kept likewise, queued on the NCCL stream right
+# behind their reduction: the master then waits once for both.  (A call's
+# outputs are taken before the next call is queued, and the stream orders each
+# copy before the next reduction into the same buffer.)  Larger ones land in
+# fresh GPU memory and are copied after that wait, into fresh host memory
 # (page-locking memory costs more than copying a large output once).
 _PINNED_MAX_BYTES = 1 << 20
-_PINNED_KEPT = 64  # buffers kept at most (each an output's position, shape and dtype)
+_PINNED_KEPT = 64  # buffer pairs kept at most (each an output's position, shape and dtype)
 
 
 class _Reduced:
@@ -57,12 +60,14 @@ class OutputsMixin:
         import cupy
         from cupy.cuda import nccl
 
-        problems, keep, results = [], [], []
+        problems, keep, results, hosts = [], [], [], []
+        held = 0  # bytes in keep (counted here: a JAX array's nbytes costs microseconds)
         root_here = self.rank == root
         stream = self._stream
         with self._grouped(len(specs)), stream:
             for k, (shape, dtype, mode) in enumerate(specs):
-                sent = None
+                size, before, sent = math.prod(shape), len(keep), None
+                itemsize = np.dtype(dtype).itemsize
                 if outputs is not None:
                     try:
                         sent = self._output_pointer(outputs[k], shape, dtype, mode, weight, keep)
@@ -72,14 +77,19 @@ class OutputsMixin:
                     x = cupy.full(shape, identity(mode, dtype), dtype=dtype)
                     keep.append(x)
                     sent = x.data.ptr
-                out = cupy.empty(shape, dtype) if root_here else None
+                held += (len(keep) - before) * size * itemsize
+                out = None
+                if root_here:
+                    out, host = self._landing(k, shape, dtype)
+                    results.append(out)
+                    hosts.append(host)
                 # avg: the (weighted) parts are summed here and divided on the host.
-                self._comm.reduce(sent, sent if out is None else out.data.ptr, math.prod(shape),
+                self._comm.reduce(sent, sent if out is None else out.data.ptr, size,
                                   _nccl_dtype(nccl, dtype), self._op("sum" if mode == "avg" else mode),
                                   root, stream.ptr)
-                results.append(out)
-        hosts = self._queue_host_copies(results) if root_here else None
-        done = self._retire(*keep)  # (recorded after the copies: one event marks both)
+        if root_here:
+            self._queue_host_copies(results, hosts)
+        done = self._retire(*keep, nbytes=held)  # (recorded after the copies: one event marks both)
         self._raise(problems)
         return _Reduced(results, hosts, done) if root_here else None
 
@@ -99,7 +109,7 @@ class OutputsMixin:
             raise ValueError("shape %s, but the graph says %s" % (tuple(np.shape(value)), shape))
         if isinstance(value, jax.Array):
             as_is = value.dtype == dtype and (mode != "avg" or weight == 1)
-            if as_is and value.is_ready() and value.device == self._jax_device():
+            if as_is and value.is_ready() and self._on_nccl_gpu(value):
                 keep.append(value)
                 return value.unsafe_buffer_pointer()
             x = self._to_cupy(value)
@@ -124,33 +134,47 @@ class OutputsMixin:
             self._gpu = jax.local_devices()[0]
         return self._gpu
 
-    def _queue_host_copies(self, results):
-        """Queue on the NCCL stream the copies of small reduced outputs
-        ``results`` into page-locked host buffers; per output, its buffer or
-        None (copied after the wait)."""
+    def _on_nccl_gpu(self, value):
+        """Whether JAX array ``value`` lives on the GPU NCCL uses.  Remembered by
+        its sharding (a jitted function's outputs share one): JAX's ``device``
+        property takes microseconds, paid by every rank on every call."""
+        sharding = value.sharding
+        seen = self._sharding_seen.get(id(sharding))
+        if seen is None or seen[0] is not sharding:
+            if len(self._sharding_seen) >= _PINNED_KEPT:
+                self._sharding_seen.clear()
+            seen = self._sharding_seen[id(sharding)] = (sharding, value.device == self._jax_device())
+        return seen[1]
+
+    def _landing(self, k, shape, dtype):
+        """Where output ``k``'s reduction lands on root: ``(GPU array, page-locked
+        host array or None)``, the pair kept for the next call's output ``k``
+        of the same shape and dtype when it is small (``_PINNED_MAX_BYTES``),
+        else a fresh GPU array, copied to the host after the wait."""
+        import cupy
+
+        key = (k, shape, dtype)
+        kept = self._pinned_kept.get(key)
+        if kept is not None:
+            return kept
+        if not 0 < math.prod(shape) * np.dtype(dtype).itemsize <= _PINNED_MAX_BYTES:
+            return cupy.empty(shape, dtype), None
+        import cupyx
+
+        if len(self._pinned_kept) >= _PINNED_KEPT:
+            self._pinned_kept.clear()
+        kept = self._pinned_kept[key] = (cupy.empty(shape, dtype), cupyx.empty_pinned(shape, dtype))
+        return kept
+
+    def _queue_host_copies(self, results, hosts):
+        """Queue on the NCCL stream the copies of reduced outputs ``results``
+        into their page-locked ``hosts`` (None: copied after the wait)."""
         from cupy.cuda import runtime
 
-        hosts = []
-        for k, r in enumerate(results):
-            host = self._pinned(k, r.shape, r.dtype) if 0 < r.nbytes <= _PINNED_MAX_BYTES else None
+        for r, host in zip(results, hosts):
             if host is not None:
                 runtime.memcpyAsync(host.ctypes.data, r.data.ptr, r.nbytes, runtime.memcpyDeviceToHost,
                                     self._stream.ptr)
-            hosts.append(host)
-        return hosts
-
-    def _pinned(self, k, shape, dtype):
-        """A page-locked host array for output ``k`` of ``shape`` and ``dtype``,
-        kept for the next call's (the master copies out of it before then)."""
-        import cupyx
-
-        key = (k, shape, dtype)
-        host = self._pinned_kept.get(key)
-        if host is None:
-            if len(self._pinned_kept) >= _PINNED_KEPT:
-                self._pinned_kept.clear()
-            host = self._pinned_kept[key] = cupyx.empty_pinned(shape, dtype)
-        return host
 
     def take_outputs(self, reduced):
         """Host copies (fresh arrays) of the reduced outputs of ``reduced``,

@@ -59,6 +59,7 @@ class StreamMixin:
         self._updated_by.clear()
         self._set_since.clear()
         self._pinned_kept.clear()
+        self._sharding_seen.clear()
         self._inflight.clear()
         self._own.clear()
         self._copier = None
@@ -111,15 +112,17 @@ class StreamMixin:
         self._set_since.clear()
         return found.values()
 
-    def _retire(self, *arrays):
+    def _retire(self, *arrays, nbytes=None):
         """Keep ``arrays`` alive until the NCCL stream has passed this point.  If
         more than ``_INFLIGHT_BYTES`` are held so, wait for the oldest: the host
         may run far ahead of the GPU, and each queued call holds its inputs.
-        Returns the event recorded at this point."""
+        ``nbytes``: their size where the caller knows it.  Returns the event
+        recorded at this point."""
         queue = self._inflight
         while queue and queue[0][0].done:
             self._held -= queue.popleft()[2]
-        nbytes = sum(a.nbytes for a in arrays)
+        if nbytes is None:
+            nbytes = sum(a.nbytes for a in arrays)
         mark = self._mark()
         queue.append((mark, arrays, nbytes))
         self._held += nbytes

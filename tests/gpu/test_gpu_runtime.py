@@ -203,7 +203,8 @@ def test_reduced_outputs_of_consecutive_calls_stay_apart(cols, monkeypatch):
     communicator of one), outputs up to 1 MiB land in GPU and host buffers kept
     for the next call's output of the same position, shape and dtype.  Two
     functions alternate on the same buffers: every result equals numpy's, keeps
-    its dtype, and no result changes in the calls that follow."""
+    its dtype (float32, float64, int64), and no result changes in the calls
+    that follow."""
     from synkhronos._devices import gpu
     from synkhronos._devices.gpu import _outputs
 
@@ -213,7 +214,8 @@ def test_reduced_outputs_of_consecutive_calls_stay_apart(cols, monkeypatch):
     try:
         x = pt.tensor("x", dtype="float32", shape=(None, cols))
         f = synk.function([x], outputs=[(x.sum(axis=0), "sum"), (x.max(axis=0), "max"),
-                                         ((x > 0).sum(axis=0), "sum"), x.mean(axis=0)])
+                                         ((x > 0).sum(axis=0), "sum"), x.mean(axis=0),
+                                         ((pt.cast(x, "float64") ** 2).sum(axis=0), "sum")])
         g = synk.function([x], outputs=[((2 * x).sum(axis=0), "sum"), ((-x).max(axis=0), "max"),
                                          ((x < 0).sum(axis=0), "sum")])
         synk.distribute()
@@ -223,7 +225,7 @@ def test_reduced_outputs_of_consecutive_calls_stay_apart(cols, monkeypatch):
             d = rng.standard_normal((2 * n + 1, cols)).astype("float32")  # uneven rows: weighted avg
             data = synk.data(d)
             got += [f(data), g(data)]
-            want += [[d.sum(0), d.max(0), (d > 0).sum(0), d.mean(0)],
+            want += [[d.sum(0), d.max(0), (d > 0).sum(0), d.mean(0), (d.astype("float64") ** 2).sum(0)],
                      [(2 * d).sum(0), (-d).max(0), (d < 0).sum(0)]]
         for results, expected in zip(got, want):
             for a, b in zip(results, expected):
@@ -231,8 +233,32 @@ def test_reduced_outputs_of_consecutive_calls_stay_apart(cols, monkeypatch):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
         dev = synk._session.runtime.current().device
         kept = [k for k in dev._pinned_kept if k[1] == (cols,)]
-        # f's outputs of up to 1 MiB (the int64 one is twice the float32 ones); g's three are f's.
-        assert len(kept) == sum(cols * size <= _outputs._PINNED_MAX_BYTES for size in (4, 4, 8, 4))
+        # f's outputs of up to 1 MiB (int64 and float64 twice float32's size); g's three are f's.
+        assert len(kept) == sum(cols * size <= _outputs._PINNED_MAX_BYTES for size in (4, 4, 8, 4, 8))
+    finally:
+        synk.close()
+
+
+@pytest.mark.gpus(1)
+def test_more_small_outputs_than_buffers_kept(monkeypatch):
+    """A call of more small outputs than buffers are kept (``_PINNED_KEPT``):
+    the kept ones are dropped partway through the call, whose results still
+    come back right, as do the next call's."""
+    from synkhronos._devices import gpu
+    from synkhronos._devices.gpu import _outputs
+
+    n = len(gpu.visible_gpus())
+    monkeypatch.setattr(gpu.GpuDevice, "reduces_outputs", property(lambda self: True))
+    synk.fork(n, use_gpu=True)
+    try:
+        count = _outputs._PINNED_KEPT + 6
+        x = pt.vector("x", dtype="float32")
+        f = synk.function([x], outputs=[((k + 1) * x.sum(), "sum") for k in range(count)])
+        synk.distribute()
+        for d in (np.arange(2 * n + 1, dtype="float32"), np.ones(3 * n, dtype="float32")):
+            got = f(synk.data(d))
+            np.testing.assert_allclose(got, [(k + 1) * d.sum() for k in range(count)], rtol=1e-6)
+        assert 0 < len(synk._session.runtime.current().device._pinned_kept) <= _outputs._PINNED_KEPT
     finally:
         synk.close()
 

@@ -19,6 +19,7 @@ __all__ = ["OutputsMixin"]
 # (page-locking memory costs more than copying a large output once).
 _PINNED_MAX_BYTES = 1 << 20
 _PINNED_KEPT = 64  # buffer pairs kept at most (each an output's position, shape and dtype)
+_SHARDINGS_KEPT = 64  # outputs' shardings remembered at most (see _on_nccl_gpu)
 
 
 class _Reduced:
@@ -67,7 +68,7 @@ class OutputsMixin:
         with self._grouped(len(specs)), stream:
             for k, (shape, dtype, mode) in enumerate(specs):
                 size, before, sent = math.prod(shape), len(keep), None
-                itemsize = np.dtype(dtype).itemsize
+                nbytes = size * np.dtype(dtype).itemsize
                 if outputs is not None:
                     try:
                         sent = self._output_pointer(outputs[k], shape, dtype, mode, weight, keep)
@@ -77,10 +78,10 @@ class OutputsMixin:
                     x = cupy.full(shape, identity(mode, dtype), dtype=dtype)
                     keep.append(x)
                     sent = x.data.ptr
-                held += (len(keep) - before) * size * itemsize
+                held += (len(keep) - before) * nbytes
                 out = None
                 if root_here:
-                    out, host = self._landing(k, shape, dtype)
+                    out, host = self._landing(k, shape, dtype, nbytes)
                     results.append(out)
                     hosts.append(host)
                 # avg: the (weighted) parts are summed here and divided on the host.
@@ -141,23 +142,24 @@ class OutputsMixin:
         sharding = value.sharding
         seen = self._sharding_seen.get(id(sharding))
         if seen is None or seen[0] is not sharding:
-            if len(self._sharding_seen) >= _PINNED_KEPT:
+            if len(self._sharding_seen) >= _SHARDINGS_KEPT:
                 self._sharding_seen.clear()
             seen = self._sharding_seen[id(sharding)] = (sharding, value.device == self._jax_device())
         return seen[1]
 
-    def _landing(self, k, shape, dtype):
-        """Where output ``k``'s reduction lands on root: ``(GPU array, page-locked
-        host array or None)``, the pair kept for the next call's output ``k``
-        of the same shape and dtype when it is small (``_PINNED_MAX_BYTES``),
-        else a fresh GPU array, copied to the host after the wait."""
+    def _landing(self, k, shape, dtype, nbytes):
+        """Where output ``k`` (``nbytes`` long) lands on root: ``(GPU array,
+        page-locked host array or None)``, the pair kept for the next call's
+        output ``k`` of the same shape and dtype when it is small
+        (``_PINNED_MAX_BYTES``), else a fresh GPU array, copied to the host
+        after the wait."""
         import cupy
 
         key = (k, shape, dtype)
         kept = self._pinned_kept.get(key)
         if kept is not None:
             return kept
-        if not 0 < math.prod(shape) * np.dtype(dtype).itemsize <= _PINNED_MAX_BYTES:
+        if not 0 < nbytes <= _PINNED_MAX_BYTES:
             return cupy.empty(shape, dtype), None
         import cupyx
 

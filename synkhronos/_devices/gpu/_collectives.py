@@ -157,14 +157,13 @@ class CollectivesMixin:
         from cupy.cuda import nccl
 
         problems, outs, keep, outputs = [], [], [], []
-        nccl_op = self._op(op)
-        with self._grouped(len(variables)):
+        nccl_op, stream = self._op(op), self._stream
+        with self._grouped(len(variables)), stream:  # (entered once: it costs per entry)
             for var, shape in zip(variables, shapes):
                 x, real = self._input(var, shape, problems)
-                with self._stream:
-                    out = cupy.empty(x.shape, x.dtype) if self.rank == root else x
-                    self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype),
-                                      nccl_op, root, self._stream.ptr)
+                out = cupy.ndarray(x.shape, x.dtype) if self.rank == root else x
+                self._comm.reduce(x.data.ptr, out.data.ptr, x.size, _nccl_dtype(nccl, x.dtype), nccl_op,
+                                  root, stream.ptr)
                 keep.append(x)
                 if self.rank == root and in_place and real:
                     outputs.append((var, out))
@@ -202,22 +201,23 @@ class CollectivesMixin:
         from cupy.cuda import nccl
 
         problems, results, keep = [], [], []
-        for var, per_rank in zip(variables, shapes):
-            x, _ = self._input(var, per_rank[self.rank], problems)
-            dt = _nccl_dtype(nccl, x.dtype)
-            with self._stream:
+        stream = self._stream
+        with stream:  # (entered once: it costs per entry)
+            for var, per_rank in zip(variables, shapes):
+                x, _ = self._input(var, per_rank[self.rank], problems)
+                dt = _nccl_dtype(nccl, x.dtype)
                 if self.rank == root:
                     bufs = [x if r == root else cupy.empty(per_rank[r], dtype=x.dtype)
                             for r in range(self.n_parallel)]
                     nccl.groupStart()
                     for r, b in enumerate(bufs):
                         if r != root and b.size:
-                            self._comm.recv(b.data.ptr, b.size, dt, r, self._stream.ptr)
+                            self._comm.recv(b.data.ptr, b.size, dt, r, stream.ptr)
                     nccl.groupEnd()
                     results.append(bufs)
                 elif x.size:
-                    self._comm.send(x.data.ptr, x.size, dt, root, self._stream.ptr)
-            keep.append(x)
+                    self._comm.send(x.data.ptr, x.size, dt, root, stream.ptr)
+                keep.append(x)
         self._retire(*keep)
         self._raise(problems)
         if self.rank != root:
@@ -233,28 +233,29 @@ class CollectivesMixin:
         from cupy.cuda import nccl
 
         problems, keep, outputs = [], [], []
-        for var, per_rank in zip(variables, shapes):
-            x, real = self._input(var, per_rank[self.rank], problems)
-            dt = _nccl_dtype(nccl, x.dtype)
-            rows = sum(s[0] for s in per_rank)
-            with self._stream:
+        stream = self._stream
+        with stream:  # (entered once: it costs per entry)
+            for var, per_rank in zip(variables, shapes):
+                x, real = self._input(var, per_rank[self.rank], problems)
+                dt = _nccl_dtype(nccl, x.dtype)
+                rows = sum(s[0] for s in per_rank)
                 if len(set(per_rank)) == 1:  # rank-major output is already the concatenation
                     joined = cupy.empty((rows,) + x.shape[1:], dtype=x.dtype)
-                    self._comm.allGather(x.data.ptr, joined.data.ptr, x.size, dt, self._stream.ptr)
+                    self._comm.allGather(x.data.ptr, joined.data.ptr, x.size, dt, stream.ptr)
                 else:
                     sizes = [math.prod(s) for s in per_rank]
                     width = max(sizes)
                     send = cupy.zeros(width, dtype=x.dtype)
                     send[:x.size] = x.reshape(-1)
                     recv = cupy.empty(width * self.n_parallel, dtype=x.dtype)
-                    self._comm.allGather(send.data.ptr, recv.data.ptr, width, dt, self._stream.ptr)
+                    self._comm.allGather(send.data.ptr, recv.data.ptr, width, dt, stream.ptr)
                     parts = [recv[r * width:r * width + sizes[r]].reshape(per_rank[r])
                              for r in range(self.n_parallel)]
                     joined = cupy.ascontiguousarray(cupy.concatenate(parts))
                     keep += [send, recv]
-            keep.append(x)
-            if real:
-                outputs.append((var, joined))
+                keep.append(x)
+                if real:
+                    outputs.append((var, joined))
         self._finish(keep, outputs)
         self._raise(problems)
 

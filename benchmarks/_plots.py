@@ -17,7 +17,7 @@ This module is the entry point: :func:`write_plot`, :func:`benchmark_name`,
 :func:`png_path` and the ``PLOTTERS`` table.  The plotting functions live in
 ``_plots_gpu`` (resnet50_scaling, resnet50_profile, gpu_scaling, collectives,
 bf16_loss_curve), ``_plots_cpu`` (cpu_scaling, cpu_backends, call_overhead, soak,
-mpi_collectives) and ``_plots_pymc`` (pymc_likelihood, jax_batched_forms), the
+mpi_collectives, session_start) and ``_plots_pymc`` (pymc_likelihood, jax_batched_forms), the
 figure and caption helpers with ``FIGSIZE`` and ``DPI`` in ``_plot_common``; all of
 them are re-exported here.  None of them imports a benchmark script: a picture is
 drawn from the payload alone, so ``plot.py`` redraws it without the script's
@@ -33,6 +33,7 @@ from _plots_cpu import (
     plot_cpu_backends,
     plot_cpu_scaling,
     plot_mpi_collectives,
+    plot_session_start,
     plot_soak,
 )
 from _plots_gpu import (
@@ -64,6 +65,7 @@ __all__ = [
     "plot_pymc_loo",
     "plot_resnet50_profile",
     "plot_resnet50_scaling",
+    "plot_session_start",
     "plot_soak",
     "png_path",
     "write_plot",
@@ -87,6 +89,7 @@ PLOTTERS = {
     "resnet50_profile": plot_resnet50_profile,
     "rows_kernel_forms": plot_jax_batched_forms,
     "resnet50_scaling": plot_resnet50_scaling,
+    "session_start": plot_session_start,
     "soak": plot_soak,
 }
 

@@ -11,7 +11,8 @@ CPU-worker one; a GPU run only changes labels, title and caption.
 
 from _plot_common import _figure, _finish, _headroom, _int_ticks, _machine_line, _nan, _style
 
-__all__ = ["plot_call_overhead", "plot_cpu_backends", "plot_cpu_scaling", "plot_mpi_collectives", "plot_soak"]
+__all__ = ["plot_call_overhead", "plot_cpu_backends", "plot_cpu_scaling", "plot_mpi_collectives",
+           "plot_session_start", "plot_soak"]
 
 
 # ---------------------------------------------------------------- cpu_scaling
@@ -329,3 +330,44 @@ def plot_mpi_collectives(payload, png):
         "broadcast's time" % (settings.get("iters"), settings.get("repeats")),
     ]
     return _finish(fig, title, caption, png)
+
+
+def plot_session_start(payload, png):
+    """A session's start, workers spawned or forked by a template: the first
+    session and later ones, and the later sessions' steps.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``session_start.py`` wrote: ``summary`` (per method: ``first_s``,
+        ``later_s``, ``later_<step>_s``), ``runs``, ``settings`` and ``machine``.
+    png : str
+        Path of the PNG to write.
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    summ = payload["summary"]
+    settings = payload.get("settings") or {}
+    fig, (ax, ax_r) = _figure("session_start", 2)
+    names = [s["method"] for s in summ]
+    for i, (key, label, hatch) in enumerate((("first_s", "first session", None),
+                                              ("later_s", "later sessions", "//"))):
+        xs = [j + (i - 0.5) * 0.4 for j in range(len(names))]
+        ax.bar(xs, [s[key] for s in summ], 0.4, color=["C%d" % j for j in range(len(names))],
+               alpha=0.55 if hatch else 0.9, hatch=hatch, label=label)
+    ax.set_xticks(range(len(names)), ["workers: %s" % n for n in names])
+    _style(ax, "", "fork() to first result (s)", "A session's start")
+    steps = ("fork", "distribute", "call", "close")
+    width = 0.8 / len(summ)
+    for j, s in enumerate(summ):
+        xs = [k + (j - (len(summ) - 1) / 2) * width for k in range(len(steps))]
+        ax_r.bar(xs, [s["later_%s_s" % step] for step in steps], width, color="C%d" % j, label=s["method"])
+    ax_r.set_xticks(range(len(steps)), ["%s()" % step for step in steps])
+    _style(ax_r, "step", "seconds", "Later sessions, step by step")
+    caption = [_machine_line(payload),
+               "%s CPU ranks; %s sessions per master process; medians of %s round(s), the two ways alternated"
+               % (settings.get("ranks"), settings.get("sessions"), settings.get("rounds"))]
+    return _finish(fig, "Starting a session: workers spawned or forked by a template", caption, png)

@@ -103,11 +103,15 @@ def proc_exists(pid, start):
 
 
 def worker_children():
-    """Live child processes of this process that run a Synkhronos worker."""
-    me = str(os.getpid())
+    """Live worker processes of this process: its children that run a
+    Synkhronos worker, and the children of its template processes (which fork
+    its CPU workers; the templates themselves live on between sessions)."""
+    from synkhronos._session import template
+
+    parents = {str(os.getpid())} | {str(pid) for pid in template.pids()}
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) in template.pids():
             continue
         try:
             with open("/proc/%s/stat" % entry) as fh:
@@ -116,7 +120,7 @@ def worker_children():
                 cmdline = fh.read()
         except OSError:
             continue
-        if fields[1] == me and fields[0] != "Z" and b"synkhronos._session.worker" in cmdline:
+        if fields[1] in parents and fields[0] != "Z" and b"synkhronos._session.worker" in cmdline:
             found.append(int(entry))
     return found
 

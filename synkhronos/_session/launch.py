@@ -20,12 +20,14 @@ from .._common import log
 from .._wire.channel import ShmChannel, SocketChannel, shm_channel_names
 from .._wire.protocol import Exit, wire
 from ..exceptions import WorkerError
+from . import template
 
 __all__ = ["WorkerHandle", "spawn_processes", "connect_mpi_ranks", "stop", "pytensor_flags",
            "SYNCED_FLAGS"]
 
 READY_TIMEOUT = 300.0  # seconds for a worker to start (imports numpy, posix_ipc)
 EXIT_TIMEOUT = 5.0
+START_ENV = "SYNKHRONOS_WORKER_START"  # "template" (CPU workers forked by one; the default) or "spawn"
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +166,8 @@ def _start_worker(rt, rank, settings):
         raise
     env = _worker_env(rt, rank, theirs.fileno(), names, settings)
     try:
-        proc = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP], env=env,
-                                pass_fds=(theirs.fileno(),), close_fds=True)
+        proc = _forked(rt, env, theirs.fileno(), settings) or subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP], env=env, pass_fds=(theirs.fileno(),), close_fds=True)
     except BaseException:
         channel.unlink()
         channel.close()
@@ -174,6 +176,18 @@ def _start_worker(rt, rank, settings):
         theirs.close()
     logger.debug("worker rank %d started (pid %d)", rank, proc.pid)
     return WorkerHandle(rank, proc, channel)
+
+
+def _forked(rt, env, fd, settings):
+    """Worker process forked by a template (``_session.template``), or None
+    where it is to be spawned: on GPUs (each rank's environment names its own
+    GPU), or where ``SYNKHRONOS_WORKER_START`` says ``spawn``."""
+    how = os.environ.get(START_ENV, "template")
+    if how not in ("template", "spawn"):
+        raise ValueError("%s=%r: expected 'template' or 'spawn'" % (START_ENV, how))
+    if how == "spawn" or rt.device.name != "cpu" or not hasattr(socket, "send_fds"):
+        return None
+    return template.start_worker(env, fd, settings[0]["sys_path"])
 
 
 # What a spawned worker runs: it finds the package on the master's sys.path.
@@ -257,3 +271,4 @@ def stop(workers, failed, meanwhile=None):
                 w.process.kill()
                 w.process.wait()
         w.channel.close()
+    template.warm_all()

@@ -32,7 +32,7 @@ from .._wire import shared_memory
 from .._wire.channel import ShmChannel, SocketChannel
 from .._wire.exchange_buffer import ExchangeBuffer
 from .._wire.protocol import Command, failure, from_wire, ok
-from . import stacks
+from . import stacks, template
 from .fault_injection import FAULT_ENV, Faults
 from .handlers import HANDLERS
 
@@ -268,17 +268,29 @@ def _exit_now(code=0):
     os._exit(code)
 
 
-def main():
-    """Entry point of a worker that ``fork()`` spawned on the master's host."""
+def main(fd=None):
+    """Entry point of a worker that ``fork()`` spawned on the master's host, or
+    that a template forked (``fd``: its connection to the master there)."""
     # Ctrl-C reaches the whole process group; only the master handles it and
     # then closes the workers in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from multiprocessing.connection import Connection
 
     config = json.loads(os.environ.pop("SYNK_WORKER"))
+    # The parent: the master, or the template, which ends with the master.
     threading.Thread(target=_watch_master, args=(os.getppid(), config["token"], config["tmpdir"]),
                      daemon=True, name="synkhronos-watchdog").start()
-    run_worker(config, Connection(config["fd"]))
+    run_worker(config, Connection(config["fd"] if fd is None else fd))
+    _exit_now()
+
+
+# What a template imports before it forks workers: all a CPU worker imports.
+_TEMPLATE_PRELOAD = ("pytensor", "pytensor.link.jax.dispatch", "jax.numpy")
+
+
+def serve_template():
+    """Entry point of a template process (``_session.template``)."""
+    template.serve(_TEMPLATE_PRELOAD, main)
     _exit_now()
 
 

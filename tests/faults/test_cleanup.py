@@ -255,6 +255,7 @@ info = dict(
     token=rt.token,
     tmpdir=rt.tmpdir,
     pids=pids,
+    templates=synk._session.template.pids(),  # the process that forked the workers
     segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("synk_%%s_" %% rt.token)),
     mapped={str(p): len([m for m in shm_maps(p) if "synk_" in m]) for p in [os.getpid()] + pids},
     semaphores=sorted(n for n in os.listdir("/dev/shm") if n.startswith("sem.")),
@@ -301,7 +302,9 @@ class _Script:
                 if line.startswith("SYNK-INFO "):
                     info = json.loads(line[len("SYNK-INFO "):])
                     # (A worker of a script that exits at once may be gone already.)
-                    info["workers"] = [(pid, (_stat(pid) or (None, None))[1]) for pid in info["pids"]]
+                    # Its template, too, must not outlive the script.
+                    info["workers"] = [(pid, (_stat(pid) or (None, None))[1])
+                                       for pid in info["pids"] + info["templates"]]
                     self.info = info
                     self._check_info()
                     return info

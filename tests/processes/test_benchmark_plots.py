@@ -30,7 +30,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PIXELS = {"bf16_loss_curve": (1200, 500), "call_overhead": (1500, 500), "collectives": (1300, 550),
           "cpu_backends": (1300, 500), "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500),
           "mpi_collectives": (1500, 500), "resnet50_profile": (1300, 500), "resnet50_scaling": (1200, 500),
-          "soak": (1200, 500), "call_timeline": (1300, 410)}  # call_timeline: one case
+          "soak": (1200, 500), "call_timeline": (1300, 410),  # call_timeline: one case
+          "session_start": (1200, 500)}
 ENV = dict(os.environ, PYTENSOR_FLAGS="mode=FAST_COMPILE")
 
 
@@ -145,6 +146,17 @@ def test_cpu_backends_child_and_png(tmp_path):
     _common.write_results(out, {"benchmark": "cpu_backends", "machine": _machine(), "summary": summary,
                                 "runs": runs, "settings": {"rounds": 2}})
     _check_png(out[:-5] + ".png", "cpu_backends")
+
+
+def test_session_start_times_both_ways_and_writes_png(tmp_path):
+    """Runs for real: one round of 3 sessions spawned and 3 forked by a template."""
+    out = str(tmp_path / "session_start.json")
+    _run_ok(os.path.join(BENCH, "session_start.py"), "--quick", "--out", out)
+    with open(out) as f:
+        payload = json.load(f)
+    assert [s["method"] for s in payload["summary"]] == ["spawn", "template"]
+    assert all(len(r["sessions"]) == 3 and r["sessions"][0]["fork"] > 0 for r in payload["runs"])
+    _check_png(out[:-5] + ".png", "session_start")
 
 
 def test_jax_batched_forms_agree_and_write_png(tmp_path):

@@ -56,16 +56,18 @@ class _Parallel:
             config.option.dist = "loadfile"
 
     def pytest_xdist_auto_num_workers(self, config):
-        """Test processes for ``-n auto``: one per core up to MAX_PARALLEL_MODULES.
-        Most tests wait on their sessions' workers more than they compute (run one
-        module at a time, the suite keeps one of two cores busy), so two modules at
-        once fit even on 2 cores.  None on one core.  GPU modules share the GPUs
-        the same way: each session's JAX allocates as it goes (no preallocation),
-        and NCCL communicators of different sessions do not meet."""
+        """Test processes for ``-n auto``: one more than the cores, up to
+        MAX_PARALLEL_MODULES.  Most tests wait on their sessions' workers, on
+        timeouts and on subprocesses more than they compute (run one module at a
+        time, the suite keeps one of two cores busy), so on 2 cores three modules
+        at once finished sooner than two (see docs/contributing.md).  None on one
+        core.  GPU modules share the GPUs the same way: each session's JAX
+        allocates as it goes (no preallocation), and NCCL communicators of
+        different sessions do not meet."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if cores < 2:
             return 0
-        return min(cores, MAX_PARALLEL_MODULES)
+        return min(cores + 1, MAX_PARALLEL_MODULES)
 
 
 def pytest_addoption(parser, pluginmanager):

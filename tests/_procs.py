@@ -7,8 +7,8 @@ import tempfile
 import time
 
 __all__ = ["distribute_unhurried", "SHM_DIR", "segments", "session_names", "proc_stat", "proc_exists",
-           "worker_children", "our_segments", "session_segments", "orphaned_segments", "new_orphans",
-           "our_tmpdirs", "socket_inodes", "Leftovers"]
+           "proc_parent", "worker_children", "our_segments", "session_segments", "orphaned_segments",
+           "new_orphans", "our_tmpdirs", "socket_inodes", "Leftovers"]
 
 SHM_DIR = "/dev/shm"
 
@@ -85,14 +85,26 @@ def our_tmpdirs():
     return sorted(n for n in os.listdir(tempfile.gettempdir()) if n.startswith(prefix))
 
 
-def proc_stat(pid):
-    """(state, start time) of process ``pid``, or None if there is no such process."""
+def _stat_fields(pid):
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first,
+    then the parent's pid), or None if there is no such process."""
     try:
-        with open("/proc/%d/stat" % pid) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/%s/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return fields[0], int(fields[19])
+
+
+def proc_stat(pid):
+    """(state, start time) of process ``pid``, or None if there is no such process."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[19]))
+
+
+def proc_parent(pid):
+    """The parent's pid of process ``pid``, or None if there is no such process."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])
 
 
 def proc_exists(pid, start):
@@ -108,19 +120,21 @@ def worker_children():
     its CPU workers; the templates themselves live on between sessions)."""
     from synkhronos._session import template
 
-    parents = {str(os.getpid())} | {str(pid) for pid in template.pids()}
+    templates = {str(pid) for pid in template.pids()}
+    parents = {str(os.getpid())} | templates
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in template.pids():
+        if not entry.isdigit() or entry in templates:
+            continue
+        fields = _stat_fields(entry)
+        if fields is None or fields[1] not in parents or fields[0] == "Z":
             continue
         try:
-            with open("/proc/%s/stat" % entry) as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
             with open("/proc/%s/cmdline" % entry, "rb") as fh:
                 cmdline = fh.read()
         except OSError:
             continue
-        if fields[1] in parents and fields[0] != "Z" and b"synkhronos._session.worker" in cmdline:
+        if b"synkhronos._session.worker" in cmdline:
             found.append(int(entry))
     return found
 

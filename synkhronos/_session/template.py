@@ -32,6 +32,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -176,6 +177,14 @@ _templates = collections.OrderedDict()  # key -> _Template, most recently used l
 _owner = [os.getpid()]  # the process these templates belong to (a forked child has none)
 
 
+def _adopt():
+    """Make this process the owner of the templates (under ``_lock``): in a
+    forked child of the master, the master's templates are not its own."""
+    if _owner[0] != os.getpid():
+        _templates.clear()
+        _owner[0] = os.getpid()
+
+
 def _key(env, sys_path):
     return (sys.executable, tuple(sys_path),
             tuple(sorted((k, v) for k, v in env.items() if k not in LATE_VARS)))
@@ -187,9 +196,7 @@ def start_worker(env, conn_fd, sys_path):
     None where no template can serve (the caller then spawns the worker)."""
     key = _key(env, sys_path)
     with _lock:
-        if _owner[0] != os.getpid():  # a forked child of the master: not its templates
-            _templates.clear()
-            _owner[0] = os.getpid()
+        _adopt()
         template = _templates.pop(key, None)
         try:
             if template is None:
@@ -209,17 +216,15 @@ def start_worker(env, conn_fd, sys_path):
 def warm_all():
     """After a session: let every template import the rest (``serve``)."""
     with _lock:
-        if _owner[0] == os.getpid():
-            for template in _templates.values():
-                template.warm()
+        _adopt()
+        for template in _templates.values():
+            template.warm()
 
 
 def stop_all():
     """End every template of this process (at exit)."""
     with _lock:
-        if _owner[0] != os.getpid():
-            _templates.clear()
-            return
+        _adopt()
         while _templates:
             _templates.popitem()[1].close()
 
@@ -227,7 +232,8 @@ def stop_all():
 def pids():
     """The process ids of this process's templates."""
     with _lock:
-        return [t.process.pid for t in _templates.values()] if _owner[0] == os.getpid() else []
+        _adopt()
+        return [t.process.pid for t in _templates.values()]
 
 
 atexit.register(stop_all)
@@ -284,9 +290,11 @@ def _serve_request(sock, children, template_fds, run_worker):
         return None
     if request == _WARM:
         return request
-    pid = _fork_child(pickle.loads(request), fds, (*template_fds, *children.values()), run_worker)
-    children[pid] = fds[4]
-    for fd in fds[:4]:
+    conn_fd, *stdio, status_fd = fds  # as _Template.fork sends them
+    pid = _fork_child(pickle.loads(request), conn_fd, stdio, status_fd, (*template_fds, *children.values()),
+                      run_worker)
+    children[pid] = status_fd
+    for fd in (conn_fd, *stdio):
         os.close(fd)
     sock.send(_PID.pack(pid))
     return request
@@ -310,7 +318,7 @@ def _reap(children):
             os.close(fd)
 
 
-def _fork_child(request, fds, template_fds, run_worker):
+def _fork_child(request, conn_fd, stdio, status_fd, template_fds, run_worker):
     """Fork a worker; in the child, take the master's standard streams,
     environment, working directory and cores of the moment, and run the worker
     on its connection (never returns there)."""
@@ -324,12 +332,13 @@ def _fork_child(request, fds, template_fds, run_worker):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in template_fds:
             fd.close() if hasattr(fd, "close") else os.close(fd)
-        os.close(fds[4])
-        for target, fd in zip((0, 1, 2), fds[1:4]):
+        os.close(status_fd)
+        for target, fd in zip((0, 1, 2), stdio):
             os.dup2(fd, target)
             os.close(fd)
         os.environ.clear()
         os.environ.update(env)
+        tempfile.tempdir = None  # TMPDIR is the session's
         try:
             os.chdir(cwd)
         except OSError:  # gone since: the template's, as a spawned worker keeps a gone one
@@ -337,7 +346,7 @@ def _fork_child(request, fds, template_fds, run_worker):
         if affinity is not None:
             os.sched_setaffinity(0, affinity)
         _fresh_random()
-        run_worker(fds[0])
+        run_worker(conn_fd)
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -353,6 +362,3 @@ def _fresh_random():
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    import tempfile
-
-    tempfile.tempdir = None  # TMPDIR is the session's

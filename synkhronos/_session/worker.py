@@ -284,8 +284,9 @@ def main(fd=None):
     _exit_now()
 
 
-# What a template imports before it forks workers: all a CPU worker imports.
-_TEMPLATE_PRELOAD = ("pytensor", "pytensor.link.jax.dispatch", "jax.numpy")
+# What a template imports before it forks workers: what a CPU worker imports
+# (``_import_libraries``; PyTensor's JAX backend imports JAX).
+_TEMPLATE_PRELOAD = ("pytensor", "pytensor.link.jax.dispatch")
 
 
 def serve_template():

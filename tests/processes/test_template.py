@@ -15,7 +15,7 @@ import tempfile
 import numpy as np
 import pytensor.tensor as pt
 import pytest
-from _procs import Leftovers
+from _procs import Leftovers, proc_parent
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
@@ -73,8 +73,7 @@ def _forked_workers():
 
 def _parents():
     """The parent processes of this session's workers."""
-    return {int(open("/proc/%d/stat" % p.pid).read().rsplit(")", 1)[1].split()[1])
-            for p in _forked_workers().values()}
+    return {proc_parent(p.pid) for p in _forked_workers().values()}
 
 
 @pytest.fixture

@@ -8,14 +8,28 @@ import functools
 
 import numpy as np
 
-__all__ = ["continuous", "leading", "value_of", "row_input", "replaced", "rewritten", "rewritten_in_turn",
-           "scalar_constant", "array_indexing"]
+__all__ = ["continuous", "data_leading", "leading", "value_of", "row_input", "replaced", "rewritten",
+           "rewritten_in_turn", "scalar_constant", "array_indexing"]
 
 
 def leading(var):
     """The leading length of a shared variable's or constant's value, or None."""
     value = value_of(var)
     return None if value is None or value.ndim == 0 else value.shape[0]
+
+
+def data_leading(value):
+    """The leading length of ``value``, a graph of shared variables and
+    constants only (a cast of one, say), or None if it has no axes or reads
+    anything else."""
+    from pytensor.compile.sharedvalue import SharedVariable
+    from pytensor.graph.basic import Constant
+    from pytensor.graph.traversal import graph_inputs
+
+    data = all(isinstance(v, SharedVariable | Constant) for v in graph_inputs([value]))
+    if value.type.ndim == 0 or not data:
+        return None
+    return int(value.shape[0].eval(mode="FAST_COMPILE"))
 
 
 def value_of(var):

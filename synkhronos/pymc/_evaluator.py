@@ -85,6 +85,13 @@ class Evaluator:
         self.alone_fn = None
         self.alone_up_to = 0
         self.alone_rows = []  # the shared variables of ``alone_fn``'s rows
+        self.rows_follow = None  # brings the rows up to the copy's data (``_refresh``)
+
+    def rows_current(self):
+        """The ranks' rows made the copy's data, if ``pm.set_data`` changed
+        those since (ValueError where the terms then differ)."""
+        if self.rows_follow is not None:
+            self.rows_follow()
 
     def run_alone(self, fn, up_to=float("inf")):
         """Calls of up to ``up_to`` points to ``fn`` on this process's rank alone
@@ -93,11 +100,13 @@ class Evaluator:
 
     def evaluate(self, inputs):
         """``[logp, *grads]`` at ``inputs`` (the Op's inputs, as arrays)."""
+        self.rows_current()
         return self.batcher.evaluate([np.asarray(x) for x in inputs])
 
     def serve(self, requests):
         """``evaluate`` for the session's service: each request holds one child's
         inputs; all are evaluated in one run."""
+        self.rows_current()
         return self.batcher.evaluate_many([[np.asarray(x) for x in inputs] for (inputs,) in requests])
 
     def run(self, points):

@@ -161,6 +161,7 @@ def _rows_op(model):
     if runtime.current() is not op.evaluator.rt:
         raise RuntimeError("the Synkhronos session that holds the rows of %s was closed: call "
                            "synkhronos.pymc.data_parallel(model) again" % op.names)
+    op.evaluator.rows_current()
     return found
 
 

@@ -18,7 +18,9 @@ Each stage is one module, called once, in this order:
 12. ``_placement``: each evaluation on every rank, or on this process's rank
     alone where that is faster;
 13. ``_op``: the Op that calls it, standing for the terms;
-14. ``_copy``: the model's copy that holds the Op in their place.
+14. ``_copy``: the model's copy that holds the Op in their place;
+15. ``_refresh``: the ranks' rows kept equal to the copy's data, which
+    ``pm.set_data`` may change.
 
 The other modules are parts that the stages use: ``_gradient`` (the
 log-density's gradient and checks as PyMC compiles them: ``_ranks``,
@@ -53,6 +55,7 @@ from ._packed import packed
 from ._placement import check_ranks, placed, rows_on
 from ._pointwise import pointwise_terms
 from ._ranks import ranks_graph
+from ._refresh import rows_follow_data
 from ._sendable import sendable
 from ._split import check_rowwise, initial_inputs
 from ._terms import find_terms
@@ -124,8 +127,10 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     -----
     Synkhronos is forked with its defaults if it was not; the function is
     distributed at once, with any others built so far.  The split data are
-    copies taken now: after ``pm.set_data`` on them, call ``data_parallel``
-    again.
+    copies taken now: ``pm.set_data`` on the copy's data (new values, or
+    another number of rows) reaches the ranks at the next evaluation, where
+    the terms stay the ones split (the same graph; ValueError otherwise).
+    ``pm.set_data`` on ``model`` does not change the copy.
 
     The copy may be evaluated from any thread, and from processes that PyMC
     forks or spawns for its chains: every evaluation runs on the ranks of this
@@ -157,7 +162,9 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     op.check_bounds = model.check_bounds  # for those graphs compiled per row
     logger.info("synkhronos.pymc: %s split over %d rank%s (%d rows, %s), evaluated %s", graph.names, n,
                 "s" * (n > 1), n_rows, op.dtype, where)
-    return with_op(model, terms, op)
+    copy = with_op(model, terms, op)
+    rows_follow_data(model, copy, terms, n_rows, graph, op.pointwise, served, rows_on(ranks))
+    return copy
 
 
 def _check_arguments(model, batch):

@@ -159,6 +159,7 @@ def _per_row(rows_op, inputs):
     if runtime.current() is not ev.rt:
         raise RuntimeError("the Synkhronos session that holds the rows of %s was closed: call "
                            "synkhronos.pymc.data_parallel(model) again" % rows_op.names)
+    ev.rows_current()
     fn, datas = _function_of(rows_op)
     with runtime.locked():  # the Data are written, then read by the call, as one step
         for d, x in zip(datas, inputs):

@@ -30,16 +30,16 @@ __all__ = ["held_compactly"]
 _UNSIGNED = ("uint8", "uint16", "uint32")
 
 
-def held_compactly(logps, row_vars, row_values, keep):
+def held_compactly(logps, row_vars, row_values, keep, merge=True):
     """``(logps, row_vars, row_values)`` with equal arrays held once, index
     arrays narrowed and repeated rows made constants, as the module's docstring
-    says; the variables in ``keep`` (the observed values' stand-ins, a list)
-    are left as they are."""
-    logps, row_vars, row_values = _merged_and_narrowed(logps, row_vars, row_values, set(keep))
-    return _repeats_folded(logps, row_vars, row_values, keep)
+    says (with ``merge`` False, narrowed only); the variables in ``keep`` (the
+    observed values' stand-ins, a list) are left as they are."""
+    logps, row_vars, row_values = _merged_and_narrowed(logps, row_vars, row_values, set(keep), merge)
+    return _repeats_folded(logps, row_vars, row_values, keep) if merge else (logps, row_vars, row_values)
 
 
-def _merged_and_narrowed(logps, row_vars, row_values, keep):
+def _merged_and_narrowed(logps, row_vars, row_values, keep, merge=True):
     indexing = _index_only(logps)
     replace, kept_vars, kept_values = {}, [], []
     for v, value in zip(row_vars, row_values):
@@ -50,7 +50,7 @@ def _merged_and_narrowed(logps, row_vars, row_values, keep):
         if v in indexing:
             value = _narrowed(value)
         same = next((k for k, w in enumerate(kept_values)
-                     if kept_vars[k] not in keep and _equal(w, value)), None)
+                     if merge and kept_vars[k] not in keep and _equal(w, value)), None)
         if same is not None:
             replace[v] = kept_vars[same]
             continue

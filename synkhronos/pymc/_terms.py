@@ -31,7 +31,7 @@ refuses such a term, naming it).
 
 import numpy as np
 
-from .._graph.editing import array_indexing
+from .._graph.editing import array_indexing, data_leading
 from .._graph.editing import leading as _leading
 from .._graph.editing import replaced as _replaced
 from .._graph.editing import row_input as _row_input
@@ -75,16 +75,16 @@ class RowTerms:
         return ", ".join(repr(v.name) for v in self.observed)
 
 
-def find_terms(model, observed, rows):
+def find_terms(model, observed, rows, merge=True):
     """The ``RowTerms`` of ``model``'s observed variables ``observed`` over
-    ``rows`` rows."""
+    ``rows`` rows (``merge``: as ``held_compactly`` takes it)."""
     # The free variables as plain inputs while PyMC derives each log-density:
     # its rewrites of measurable variables (Censored, say) clone the random
     # variables they meet, which would then no longer be the model's.
     holders = {rv: rv.type(name=rv.name) for rv in model.free_RVs}
     logps, stands, stand_values = _row_logps(model, observed, rows, holders)
     params, data, row_vars, row_values = _inputs_by_role(model, observed, rows, holders, logps, stands)
-    logps, row_vars, row_values = held_compactly(logps, row_vars, row_values, keep=stands)
+    logps, row_vars, row_values = held_compactly(logps, row_vars, row_values, keep=stands, merge=merge)
     return RowTerms(list(observed), params, [holders[p] for p in params], data,
                     stands + row_vars, stand_values + row_values, logps)
 
@@ -97,6 +97,10 @@ def _row_logps(model, observed, rows, holders):
     for rv in observed:
         if rv in model.potentials:
             (lp,) = _replaced([_per_row(rv)], holders)
+        elif model.rvs_to_values[rv].owner is not None:  # a graph of data: its data are rows like any other
+            value = model.rvs_to_values[rv]
+            _check_rows(rv.name, data_leading(value), rows)
+            lp = _observed_logp(_replaced([rv], holders)[0], value, rv.name)
         else:
             stand, stand_value = _stand_in(model.rvs_to_values[rv], rv.name, rows)
             stands.append(stand)
@@ -117,12 +121,15 @@ def _per_row(potential):
 def _stand_in(value, name, rows):
     """An input of any number of rows that stands for observed value ``value``
     (of variable ``name``), and the value itself, contiguous."""
-    if _leading(value) != rows:
-        raise ValueError("observed variable %r has %s rows, not %d like the others: it cannot be "
-                         "split with them (leave it out of observed=)"
-                         % (name, _leading(value), rows))
+    _check_rows(name, _leading(value), rows)
     stand = _row_input(value, name)
     return stand, np.ascontiguousarray(_value_of(value))
+
+
+def _check_rows(name, found, rows):
+    if found != rows:
+        raise ValueError("observed variable %r has %s rows, not %d like the others: it cannot be "
+                         "split with them (leave it out of observed=)" % (name, found, rows))
 
 
 def _inputs_by_role(model, observed, rows, holders, logps, stands):

@@ -14,6 +14,7 @@ rows those of the data it reads (``_split`` then proves the rows independent,
 as for any term).
 """
 
+from .._graph.editing import data_leading
 from .._graph.editing import leading as _leading
 
 __all__ = ["row_count", "rows_of", "split_variables"]
@@ -86,7 +87,8 @@ def rows_of(model, var):
     """The rows of observed variable (or row-sum potential) ``var``, or None."""
     if var in model.potentials:
         return _potential_rows(var)
-    return _leading(model.rvs_to_values[var])
+    value = model.rvs_to_values[var]
+    return _leading(value) if value.owner is None else data_leading(value)
 
 
 def row_count(model, observed):

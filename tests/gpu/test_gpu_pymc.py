@@ -106,3 +106,17 @@ def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n)
                 want = unit.numpy_glm(family, [s[k] for s in stacked], *values)
                 for g, w in zip(got, want):
                     np.testing.assert_allclose(np.asarray(g[k]), w, rtol=1e-10, atol=1e-10 * (n + 1))
+
+
+def test_set_data_reaches_a_gpu_rank(session):
+    """``pm.set_data`` on the copy: new values and another row count on the
+    GPU rank (through the rows kernel where it compiled), PyMC's numbers."""
+    import test_pymc_set_data as set_data
+
+    model = set_data.logistic(100_003)
+    copy = data_parallel(model)
+    rng = np.random.default_rng(4)
+    for n in (100_003, 77_777):
+        x, y = set_data._logistic_rows(rng, n)
+        set_data._set((model, copy), x=x, y_obs=y)
+        set_data._same(model, copy)

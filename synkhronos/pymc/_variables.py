@@ -5,7 +5,8 @@ By default every observed variable is split, or, in a model that has none,
 every potential that sums over rows of data; ``observed=`` names them instead.
 The row count is the longest leading dimension of their data, unless ``rows=``
 gives it; by default, the variables of another length are then left to this
-process.
+process, as are those whose data are drawn at random at each evaluation
+(``pm.Minibatch``), which ``observed=`` cannot name.
 
 A potential is split where it is a likelihood written as one, as older
 tutorials and custom likelihoods do: ``pm.Potential("ll", pm.math.sum(<one
@@ -24,6 +25,12 @@ def split_variables(model, observed, rows):
     """``(variables, rows)``: the variables of ``model`` to split, as
     ``data_parallel``'s ``observed`` and ``rows`` ask, and their row count."""
     chosen = _observed(model, observed)
+    drawn = [rv for rv in chosen if _drawn(model, rv)]
+    if drawn and (observed is not None or len(drawn) == len(chosen)):
+        raise ValueError("observed variable %r: its data are drawn at random at each evaluation "
+                         "(pm.Minibatch), so they have no rows to split; data_parallel splits all rows over "
+                         "the ranks instead: give the model the whole data" % drawn[0].name)
+    chosen = [rv for rv in chosen if rv not in drawn]  # (by default, left to this process)
     n_rows = row_count(model, chosen) if rows is None else _check_rows(rows)
     if observed is None:
         chosen = [rv for rv in chosen if rows_of(model, rv) == n_rows]
@@ -54,6 +61,16 @@ def _observed(model, observed):
                              "log-densities), so it cannot be split; leave it out of observed=" % rv.name)
         out.append(rv)
     return out
+
+
+def _drawn(model, rv):
+    """Whether observed variable ``rv``'s value is drawn at random (it reads
+    a generator: ``pm.Minibatch``), its rows changing at every evaluation."""
+    from pytensor.graph.traversal import graph_inputs
+    from pytensor.tensor.random.type import RandomType
+
+    value = model.rvs_to_values.get(rv)
+    return value is not None and any(isinstance(v.type, RandomType) for v in graph_inputs([value]))
 
 
 def _check_rows(rows):

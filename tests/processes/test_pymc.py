@@ -212,6 +212,29 @@ def test_a_likelihood_over_all_rows_is_refused(session):
         data_parallel(m)
 
 
+def test_minibatch_data_are_refused_or_left_here(session):
+    """``pm.Minibatch`` draws its rows at every evaluation: refused where it is
+    the only observed variable or named, left to this process by default
+    beside others (those split)."""
+    from synkhronos.pymc._observed import SplitObserved
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((500, 2)), rng.standard_normal(500)
+    with pm.Model() as m:
+        xb, yb = pm.Minibatch(x, y, batch_size=50)
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Normal("mb", xb @ b, 1.0, observed=yb, total_size=500)
+    with pytest.raises(ValueError, match="'mb': its data are drawn at random.*pm.Minibatch"):
+        data_parallel(m)
+    with m:
+        pm.Normal("y", pm.Data("x", x) @ b, 1.0, observed=y)
+    with pytest.raises(ValueError, match="'mb': its data are drawn at random"):
+        data_parallel(m, observed=["mb", "y"])
+    copy = data_parallel(m)
+    assert isinstance(copy["y"].owner.op, SplitObserved)
+    assert not isinstance(copy["mb"].owner.op, SplitObserved)
+
+
 def test_bad_arguments_are_named(session):
     with pytest.raises(TypeError, match="model must be a pymc.Model"):
         data_parallel("model")

@@ -12,7 +12,7 @@ the copy as they take the model.
 
 from ._observed import split_observed
 
-__all__ = ["with_op"]
+__all__ = ["in_order_of", "with_op"]
 
 
 def with_op(model, terms, op):
@@ -35,15 +35,18 @@ def with_op(model, terms, op):
     new = FunctionGraph(outputs=outputs, clone=False)
     new._coords = fgraph._coords
     new._dim_lengths = fgraph._dim_lengths
-    copy = model_from_fgraph(new, mutate_fgraph=True)
-    # The original's order of free and observed variables, so that
-    # compile_dlogp(), initial_point() and PyMC's groups of draws list them as
-    # the original does.
+    return in_order_of(model, model_from_fgraph(new, mutate_fgraph=True))
+
+
+def in_order_of(model, copy):
+    """``copy`` (a copy of ``model``, as PyMC's clones are) with ``model``'s
+    order of free and observed variables, so that compile_dlogp(),
+    initial_point() and PyMC's groups of draws list them as ``model`` does,
+    and of named variables, which PyMC's draws follow
+    (pm.sample_prior_predictive gives the same numbers under one seed)."""
     for theirs, ours in ((model.free_RVs, copy.free_RVs), (model.observed_RVs, copy.observed_RVs)):
         order = {rv.name: i for i, rv in enumerate(theirs)}
         ours.sort(key=lambda rv: order[rv.name])
-    # And the original's order of named variables, which PyMC's draws follow
-    # (pm.sample_prior_predictive gives the same numbers under one seed).
     names = {name: i for i, name in enumerate(model.named_vars)}
     named = sorted(copy.named_vars.items(), key=lambda kv: names.get(kv[0], len(names)))
     copy.named_vars.clear()

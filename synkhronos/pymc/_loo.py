@@ -30,8 +30,7 @@ from .. import _collectives as _coll
 from .._session import runtime
 from ._elpd import elpd_data, relative_efficiency, scale_value
 from ._loo_ranks import RanksLoo
-from ._observed import SplitObserved
-from ._op import RowsLogp
+from ._refresh import rows_op_of
 
 __all__ = ["loo", "rows_op_of"]
 
@@ -125,21 +124,6 @@ def loo(idata, model, *, var_name=None, reff=None, pointwise=None, scale=None, c
         values = ranks.run(chunk or max(1, CHUNK_VALUES // n_samples))
     dims, coords = _labels(model, terms.names[term], terms.dims[term], values[0].shape)
     return elpd_data(values, dims, coords, n_samples, factor, pointwise, major)
-
-
-def rows_op_of(model):
-    """``(op, inputs)``: the ``RowsLogp`` of ``model`` (a ``data_parallel``
-    copy) and the copy's variables it takes, or None if ``model`` has none
-    (its split observed variable's, or its potential's)."""
-    from pytensor.graph.traversal import ancestors
-
-    for rv in model.observed_RVs:
-        if rv.owner is not None and isinstance(rv.owner.op, SplitObserved):
-            return rv.owner.op.rows_op, rv.owner.inputs[1:-1]
-    for v in ancestors(list(model.potentials)):
-        if v.owner is not None and isinstance(v.owner.op, RowsLogp):
-            return v.owner.op, v.owner.inputs
-    return None
 
 
 def _rows_op(model):

@@ -28,10 +28,13 @@ from .. import _collectives as _coll
 from .._graph.editing import leading as _leading
 from .._graph.editing import replaced as _replaced
 from .._session import runtime
+from ._copy import in_order_of
+from ._observed import SplitObserved
+from ._op import RowsLogp
 from ._terms import find_terms
 from ._variables import row_count
 
-__all__ = ["RowsFollowData", "rows_follow_data"]
+__all__ = ["RowsFollowData", "rows_follow_data", "rows_op_of", "source_of"]
 
 
 def rows_follow_data(model, copy, terms, n_rows, graph, pointwise, served, on):
@@ -40,6 +43,34 @@ def rows_follow_data(model, copy, terms, n_rows, graph, pointwise, served, on):
     copy's Op keeps, placed as ``on`` says: ``distributed``'s) the
     ``RowsFollowData`` of ``copy``, ``data_parallel``'s copy of ``model``."""
     served.rows_follow = RowsFollowData(model, copy, terms, n_rows, graph, pointwise, served, on)
+
+
+def rows_op_of(model):
+    """``(op, inputs)``: the ``RowsLogp`` of ``model`` (a ``data_parallel``
+    copy) and the copy's variables it takes, or None if ``model`` has none
+    (its split observed variable's, or its potential's)."""
+    from pytensor.graph.traversal import ancestors
+
+    for rv in model.observed_RVs:
+        if rv.owner is not None and isinstance(rv.owner.op, SplitObserved):
+            return rv.owner.op.rows_op, rv.owner.inputs[1:-1]
+    for v in ancestors(list(model.potentials)):
+        if v.owner is not None and isinstance(v.owner.op, RowsLogp):
+            return v.owner.op, v.owner.inputs
+    return None
+
+
+def source_of(model):
+    """The model that ``model`` (a ``data_parallel`` copy) was made from,
+    cloned, with the copy's data; None if ``model`` is not a copy."""
+    found = rows_op_of(model)
+    if found is None:
+        return None
+    evaluator = found[0].evaluator
+    if evaluator is None or evaluator.rows_follow is None:
+        raise ValueError("model is a data_parallel copy made in another process: pass the model it was made "
+                         "from")
+    return evaluator.rows_follow.source()
 
 
 class RowsFollowData:
@@ -81,14 +112,19 @@ class RowsFollowData:
     def _values(self):
         return [v.get_value(borrow=True) for v in self.watched.values()]
 
+    def source(self):
+        """A clone of the model the copy was made from, with the copy's data."""
+        from pymc.model.fgraph import clone_model
+
+        twin = in_order_of(self.model, clone_model(self.model))
+        for name, var in self.watched.items():
+            twin[name].set_value(var.get_value(borrow=True), borrow=True)
+        return twin
+
     def _new_rows(self, changed):
         """The rows of the terms found on ``model`` with the copy's data, held
         as the ranks hold them; ValueError where the terms differ."""
-        from pymc.model.fgraph import clone_model
-
-        twin = clone_model(self.model)
-        for name, var in self.watched.items():
-            twin[name].set_value(var.get_value(borrow=True), borrow=True)
+        twin = self.source()
         chosen = [twin[name] for name in self.names]
         n_rows = row_count(twin, chosen)
         graph, reasons = self.graph, []
@@ -97,7 +133,7 @@ class RowsFollowData:
             terms = find_terms(twin, chosen, n_rows, merge=merge)
             logps, row_vars, values = _held_as(graph.rows, terms)
             why = _difference(graph.rows, row_vars, values)
-            theirs = _named_as(graph.params, terms.held) + _named_as(graph.data, terms.data) + row_vars
+            theirs = terms.held + terms.data + row_vars
             if why is None and not _same_graphs(self.pointwise, logps, ours, theirs):
                 why = "the terms' graph is another"
             if why is None:
@@ -150,15 +186,6 @@ def _held_as(shareds, terms):
         replace[var] = row_vars[k] = var.type.clone(dtype=shared.dtype)(name=var.name)
         values[k] = widened
     return (_replaced(logps, replace) if replace else logps), row_vars, values
-
-
-def _named_as(ours, theirs):
-    """``theirs`` in the order of the names of ``ours`` (a clone of the model
-    may list its variables in another order); as it is where names differ."""
-    by_name = {v.name: v for v in theirs}
-    if len(by_name) != len(theirs) or sorted(by_name) != sorted(v.name for v in ours):
-        return list(theirs)
-    return [by_name[v.name] for v in ours]
 
 
 def _difference(shareds, row_vars, values):

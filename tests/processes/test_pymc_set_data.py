@@ -248,6 +248,26 @@ def test_rows_held_as_one_constant_row_refuse_others(session):
         copy.compile_logp()(model.initial_point())
 
 
+def test_a_copy_split_again_is_its_original_with_its_data(session):
+    """``model = data_parallel(model)`` run twice, and a copy whose session was
+    closed: its original is split again, with the copy's data."""
+    import synkhronos as synk
+
+    model = logistic()
+    copy = data_parallel(model)
+    x, y = _logistic_rows(np.random.default_rng(14), 640)
+    _set((model, copy), x=x, y_obs=y)
+    again = data_parallel(copy)
+    assert rows_op_of(again)[0] is not rows_op_of(copy)[0]
+    _same(model, again)
+    _same(model, copy)
+    synk.close()
+    with pytest.raises(RuntimeError, match="was closed: call synkhronos.pymc.data_parallel"):
+        copy.compile_logp()(model.initial_point())
+    synk.fork(N_RANKS, use_gpu=False)
+    _same(model, data_parallel(copy))
+
+
 def test_new_columns_are_refused_not_computed_on_the_old_rows(session):
     model = logistic()
     copy = data_parallel(model)

@@ -55,7 +55,7 @@ from ._packed import packed
 from ._placement import check_ranks, placed, rows_on
 from ._pointwise import pointwise_terms
 from ._ranks import ranks_graph
-from ._refresh import rows_follow_data, source_of
+from ._refresh import release, rows_follow_data, source_of
 from ._sendable import sendable
 from ._split import check_rowwise, initial_inputs
 from ._terms import find_terms
@@ -89,7 +89,8 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
         A model, or a copy that ``data_parallel`` returned: the model it was
         made from is then split again, with the copy's data (a notebook's
         ``model = data_parallel(model)`` run twice, or a copy whose session
-        was closed).
+        was closed), and the rows of the copy given are freed on the ranks
+        (its evaluations then raise RuntimeError).
     observed : list of str or Variable, optional
         The observed variables to split (default: every observed variable whose
         data has ``rows`` rows).
@@ -143,7 +144,7 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     run one after another, or with ``batch`` in one pass.
     """
     _check_arguments(model, batch)
-    source = source_of(model)
+    given, source = model, source_of(model)
     model = model if source is None else source  # a copy: its original again, with the copy's data
     chosen, n_rows = split_variables(model, observed, rows)
     n = _forked_ranks()
@@ -170,6 +171,8 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
                 "s" * (n > 1), n_rows, op.dtype, where)
     copy = with_op(model, terms, op)
     rows_follow_data(model, copy, terms, n_rows, graph, op.pointwise, served, rows_on(ranks))
+    if source is not None:
+        release(given)  # split again: the rows of the copy given go
     return copy
 
 

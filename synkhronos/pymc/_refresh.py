@@ -34,7 +34,7 @@ from ._op import RowsLogp
 from ._terms import find_terms
 from ._variables import row_count
 
-__all__ = ["RowsFollowData", "rows_follow_data", "rows_op_of", "source_of"]
+__all__ = ["RowsFollowData", "release", "rows_follow_data", "rows_op_of", "source_of"]
 
 
 def rows_follow_data(model, copy, terms, n_rows, graph, pointwise, served, on):
@@ -58,6 +58,16 @@ def rows_op_of(model):
         if v.owner is not None and isinstance(v.owner.op, RowsLogp):
             return v.owner.op, v.owner.inputs
     return None
+
+
+def release(model):
+    """Free the rows that ``model``, a ``data_parallel`` copy, holds on the
+    ranks of the live session (it was split again); its evaluations then
+    raise, naming why."""
+    follow = rows_op_of(model)[0].evaluator.rows_follow
+    with runtime.locked() as rt:
+        if rt is not None and rt is follow.served.rt:
+            follow.release()
 
 
 def source_of(model):
@@ -88,8 +98,12 @@ class RowsFollowData:
         self.containers = [v.container for v in self.watched.values()]  # (what get_value reads)
         self.seen = self._values()
         self.refusal = None
+        self.released = False
 
     def __call__(self):
+        if self.released:
+            raise RuntimeError("this copy's rows were released when data_parallel was called on it again: "
+                               "use the copy that call returned")
         if self.refusal is None:
             for container, seen in zip(self.containers, self.seen):
                 if container.value is not seen:
@@ -108,6 +122,15 @@ class RowsFollowData:
                 self.seen = values
             if self.refusal is not None:
                 raise ValueError(str(self.refusal)) from self.refusal
+
+    def release(self):
+        """Free the rows (see ``release``)."""
+        rows, alone = self.graph.rows, self.served.alone_rows
+        empty = [np.empty((0,) + tuple(r.type.shape[1:]), dtype=r.dtype) for r in rows]
+        _coll.scatter(rows, empty)
+        if alone and alone is not rows:
+            _coll.set_value(runtime.require().master_rank, alone, empty)
+        self.released = True
 
     def _values(self):
         return [v.get_value(borrow=True) for v in self.watched.values()]

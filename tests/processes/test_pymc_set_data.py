@@ -257,15 +257,19 @@ def test_a_copy_split_again_is_its_original_with_its_data(session):
     copy = data_parallel(model)
     x, y = _logistic_rows(np.random.default_rng(14), 640)
     _set((model, copy), x=x, y_obs=y)
+    logp = copy.compile_logp()
     again = data_parallel(copy)
     assert rows_op_of(again)[0] is not rows_op_of(copy)[0]
     _same(model, again)
-    _same(model, copy)
+    rows = rows_op_of(copy)[0].evaluator.rows
+    assert [list(n) for n in synk.get_lengths(rows)] == [[0, 0]] * len(rows)  # the first copy's rows freed
+    with pytest.raises(RuntimeError, match="released when data_parallel was called on it again"):
+        logp(model.initial_point())
     synk.close()
     with pytest.raises(RuntimeError, match="was closed: call synkhronos.pymc.data_parallel"):
-        copy.compile_logp()(model.initial_point())
+        again.compile_logp()(model.initial_point())
     synk.fork(N_RANKS, use_gpu=False)
-    _same(model, data_parallel(copy))
+    _same(model, data_parallel(again))
 
 
 def test_new_columns_are_refused_not_computed_on_the_old_rows(session):

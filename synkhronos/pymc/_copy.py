@@ -35,7 +35,20 @@ def with_op(model, terms, op):
     new = FunctionGraph(outputs=outputs, clone=False)
     new._coords = fgraph._coords
     new._dim_lengths = fgraph._dim_lengths
-    return in_order_of(model, model_from_fgraph(new, mutate_fgraph=True))
+    return _data_shared(model, in_order_of(model, model_from_fgraph(new, mutate_fgraph=True)))
+
+
+def _data_shared(model, copy):
+    """``copy`` with ``model``'s arrays for its ``pm.Data`` in place of the
+    copies PyMC's clone made (as large as the data set): ``pm.set_data`` on
+    either stores a new array in that one alone."""
+    from pytensor.compile.sharedvalue import SharedVariable
+
+    for name, var in copy.named_vars.items():
+        theirs = model.named_vars.get(name)
+        if isinstance(var, SharedVariable) and isinstance(theirs, SharedVariable) and var.type == theirs.type:
+            var.set_value(theirs.get_value(borrow=True), borrow=True)
+    return copy
 
 
 def in_order_of(model, copy):

@@ -9,11 +9,11 @@ shared variables, each rank keeping only its share.
 
 import logging
 
-from .. import _api, _function
+from .. import _api, _data, _function
 from .. import _collectives as _coll
 from .._session import runtime
 
-__all__ = ["distributed"]
+__all__ = ["distributed", "place_rows"]
 
 logger = logging.getLogger("synkhronos")
 
@@ -27,13 +27,29 @@ def distributed(graph, row_values, on=None):
     fn = _function.function([], [(o, "sum") for o in graph.outputs], bcast_inputs=graph.inputs + graph.data,
                             name="pymc rows of %s" % graph.names, **mode)
     _distribute(fn, graph.names)
-    if row_values is None:
-        pass
-    elif on is None:
-        _coll.scatter(graph.rows, row_values)
-    else:
-        _coll.set_value(on, graph.rows, row_values)
+    if row_values is not None:
+        place_rows(graph.rows, row_values, on)
     return fn
+
+
+def place_rows(rows, values, on=None):
+    """Set ``rows`` (shared variables) to ``values``: scattered over every rank
+    (``on`` None), or all on rank ``on``.  Values that other ranks read pass
+    through ``synkhronos.Data`` freed at once: through the session's exchange
+    buffer, a buffer as large as the rows would stay in this process."""
+    rt = runtime.require()
+    if on == rt.master_rank or rt.n_parallel == 1:
+        _coll.set_value(rt.master_rank, rows, values)
+        return
+    datas = [_data.data(v) for v in values]
+    try:
+        if on is None:
+            _coll.scatter(rows, datas)
+        else:
+            _coll.set_value(on, rows, datas)
+    finally:
+        for d in datas:
+            d.free_memory()
 
 
 def _distribute(fn, names):

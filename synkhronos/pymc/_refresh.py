@@ -29,6 +29,7 @@ from .._graph.editing import leading as _leading
 from .._graph.editing import replaced as _replaced
 from .._session import runtime
 from ._copy import in_order_of
+from ._distribute import place_rows
 from ._observed import SplitObserved
 from ._op import RowsLogp
 from ._terms import find_terms
@@ -169,10 +170,7 @@ class RowsFollowData:
 
     def _scatter(self, values):
         served, rows = self.served, self.graph.rows
-        if self.on is None:
-            _coll.scatter(rows, values)
-        else:
-            _coll.set_value(self.on, rows, values)
+        place_rows(rows, values, self.on)
         if served.alone_rows and served.alone_rows is not rows:  # this rank's own copy of every row
             _coll.set_value(runtime.require().master_rank, served.alone_rows,
                             values if served.alone_up_to else [v[:0] for v in values])

@@ -284,6 +284,34 @@ def test_new_columns_are_refused_not_computed_on_the_old_rows(session):
         copy.compile_logp()(point)
 
 
+def test_the_copy_holds_the_originals_arrays_until_set_data(session):
+    """No second copy of the data in this process (PyMC's clone makes one)."""
+    model = logistic()
+    copy = data_parallel(model)
+    for name in ("x", "y_obs"):
+        assert copy[name].get_value(borrow=True) is model[name].get_value(borrow=True)
+    before = model["x"].get_value()
+    pm.set_data({"x": before + 1.0}, model=copy)
+    np.testing.assert_array_equal(model["x"].get_value(borrow=True), before)
+
+
+def test_rows_leave_no_buffer_as_large_as_them_here(session):
+    """The rows reach the other rank through shared memory freed at once, in
+    the split and after ``pm.set_data``, not through the session's exchange
+    buffer, which would keep their size for the session."""
+    from synkhronos._session import runtime
+
+    rows_bytes = 200_000 * 4 * 8
+    model = logistic(200_000)
+    copy = data_parallel(model, ranks=N_RANKS)
+    exchange = runtime.require().exchange
+    assert exchange._seg is None or exchange._seg.nbytes < rows_bytes / 4
+    x, y = _logistic_rows(np.random.default_rng(15), 200_000)
+    _set((model, copy), x=x, y_obs=y)
+    _same(model, copy, k=1)
+    assert exchange._seg is None or exchange._seg.nbytes < rows_bytes / 4
+
+
 def test_set_data_on_the_original_leaves_the_copy(session):
     model = logistic()
     copy = data_parallel(model)

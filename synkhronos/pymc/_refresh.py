@@ -20,6 +20,10 @@ on the model with the copy's data, and:
   leave out of the rows no longer can be), every evaluation raises ValueError
   saying so, never the old rows' numbers: ``data_parallel`` on the model with
   those data splits it anew.
+
+``data_parallel`` given a copy splits the model the copy was made from again,
+with the copy's data (``source_of``), then frees the given copy's rows on the
+ranks (``release``): its evaluations raise from then on.
 """
 
 import numpy as np

@@ -12,7 +12,18 @@ the copy as they take the model.
 
 from ._observed import split_observed
 
-__all__ = ["in_order_of", "with_op"]
+__all__ = ["check_copyable", "in_order_of", "with_op"]
+
+
+def check_copyable(model):
+    """Raise ValueError where PyMC cannot copy ``model`` as ``with_op`` does
+    (checked before anything is split): a variable whose dims hold None, which
+    PyMC's copy of a model refuses with a bare assertion."""
+    for name, dims in model.named_vars_to_dims.items():
+        if dims is not None and any(d is None for d in dims):
+            raise ValueError("data_parallel copies the model as PyMC's clone_model does, which cannot copy "
+                             "%r with dims=%r: name every dimension (with coords), or leave dims out"
+                             % (name, tuple(dims)))
 
 
 def with_op(model, terms, op):

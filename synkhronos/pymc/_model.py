@@ -44,7 +44,7 @@ import threading
 from .. import _api
 from .._common.selections import split_bounds
 from .._session import runtime
-from ._copy import with_op
+from ._copy import check_copyable, with_op
 from ._cpu import for_cpu_ranks
 from ._distribute import distributed
 from ._evaluator import evaluator
@@ -146,6 +146,7 @@ def data_parallel(model, observed=None, rows=None, batch=None, ranks=None):
     _check_arguments(model, batch)
     given, source = model, source_of(model)
     model = model if source is None else source  # a copy: its original again, with the copy's data
+    check_copyable(model)
     chosen, n_rows = split_variables(model, observed, rows)
     n = _forked_ranks()
     ranks = check_ranks(ranks, n)

@@ -235,6 +235,17 @@ def test_minibatch_data_are_refused_or_left_here(session):
     assert not isinstance(copy["mb"].owner.op, SplitObserved)
 
 
+def test_a_model_pymc_cannot_copy_is_refused_before_splitting(session):
+    """PyMC's copy of a model asserts that every dim is a name; pm.Data allows
+    None among them."""
+    with pm.Model(coords={"feature": ["a", "b"]}) as m:
+        xd = pm.Data("x", np.ones((50, 2)), dims=(None, "feature"))
+        b = pm.Normal("b", 0, 1, dims="feature")
+        pm.Normal("y", xd @ b, 1.0, observed=np.zeros(50))
+    with pytest.raises(ValueError, match=r"cannot copy 'x' with dims=\(None, 'feature'\): name every"):
+        data_parallel(m)
+
+
 def test_bad_arguments_are_named(session):
     with pytest.raises(TypeError, match="model must be a pymc.Model"):
         data_parallel("model")

@@ -130,15 +130,11 @@ class RowsFollowData:
 
     def release(self):
         """Free the rows (see ``release``)."""
-        rows, alone = self.graph.rows, self.served.alone_rows
-        empty = [np.empty((0,) + tuple(r.type.shape[1:]), dtype=r.dtype) for r in rows]
-        _coll.scatter(rows, empty)
-        if alone and alone is not rows:
-            _coll.set_value(runtime.require().master_rank, alone, empty)
+        self._scatter([np.empty((0,) + tuple(r.type.shape[1:]), dtype=r.dtype) for r in self.graph.rows])
         self.released = True
 
     def _values(self):
-        return [v.get_value(borrow=True) for v in self.watched.values()]
+        return [c.value for c in self.containers]
 
     def source(self):
         """A clone of the model the copy was made from, with the copy's data."""

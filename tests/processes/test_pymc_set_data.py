@@ -155,6 +155,42 @@ def test_set_data_reaches_the_rows_log_likelihood_and_loo(session, first):
     assert_same_loo(loo(idata, copy, pointwise=True), az.loo(idata, pointwise=True))
 
 
+def test_set_data_then_threads_at_once(session, monkeypatch):
+    """Threads evaluating at once after ``pm.set_data`` (nutpie's chains): the
+    rows are replaced once, and every thread gets PyMC's numbers for its point."""
+    import threading
+    import time
+
+    from synkhronos._session import runtime
+    from synkhronos.pymc import _refresh
+
+    placed = []
+    place_rows = _refresh.place_rows
+    monkeypatch.setattr(_refresh, "place_rows", lambda *a: placed.append(1) or place_rows(*a))
+    model = logistic()
+    copy = data_parallel(model)
+    ps = points(model, 4)
+    fns = [copy.compile_logp() for _ in ps]  # a PyTensor function is not reentrant: one per chain
+    theirs = model.compile_logp()
+    x, y = _logistic_rows(np.random.default_rng(16), 777)
+    _set((model, copy), x=x, y_obs=y)
+    got = [None] * len(ps)
+
+    def chain(k):
+        got[k] = fns[k](ps[k])
+
+    threads = [threading.Thread(target=chain, args=(k,)) for k in range(len(ps))]
+    with runtime.require().lock:  # every chain asks before the rows are replaced
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+    for t in threads:
+        t.join(60)
+    assert placed == [1]
+    for p, value in zip(ps, got):
+        np.testing.assert_allclose(value, theirs(p), rtol=RTOL)
+
+
 def _logp_in_child(fn, point, conn):
     try:
         conn.send(float(fn(point)))

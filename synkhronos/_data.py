@@ -208,6 +208,8 @@ class Data:
             See ``condition_data``.
         ValueError
             If ``oversize`` is outside [1, 2].
+        OSError
+            Where ``/dev/shm`` has no room: the old values are kept.
         """
         self._set_value(input_data, force_cast, oversize, "Data.set_value(input_data)")
 
@@ -258,14 +260,14 @@ class Data:
         items = int(np.prod(shape, dtype=np.int64))
         mem = self._memory
         if mem.segment is None or items > mem.capacity:
-            self._allocate(max(int(items * oversize), items), mem.array if keep else None)
+            self._allocate(max(int(items * oversize), items), mem.array if keep else None, items)
         mem.view(shape)
 
-    def _allocate(self, items, keep):
+    def _allocate(self, items, keep, used):
         rt = self._rt
         if rt.closed:
             raise RuntimeError("Synkhronos is closed: Data memory cannot be allocated")
-        name = self._memory.allocate(items, keep)
+        name = self._memory.allocate(items, keep, used)
         # Ranks on other hosts (MPI launch) map their host's copy when a call needs it.
         rt.dispatcher.request(MapData(name), ranks=rt.local_workers())
 
@@ -327,6 +329,8 @@ def data(value=None, var=None, dtype=None, ndim=None, shape=None, minibatch=Fals
         If Synkhronos is not forked.
     TypeError
         If dtype and ndim cannot be determined, or ``value`` does not match them.
+    OSError
+        Where ``/dev/shm`` has no room (see the docs page "Troubleshooting").
     """
     return make_data(value, var, dtype=dtype, ndim=ndim, shape=shape, minibatch=minibatch,
                      force_cast=force_cast, oversize=oversize, name=name, argname="synkhronos.data(value)")

@@ -58,12 +58,14 @@ class ExchangeBuffer:
 
     def _reserve(self, nbytes):
         if self._seg is not None and self._seg.nbytes >= nbytes:
+            self._seg.reserve(nbytes)
             return self._seg
         old = self._seg
         self._gen += 1
-        # Grow geometrically so that a slowly growing payload reallocates rarely.
+        # Grow geometrically so that a slowly growing payload reallocates rarely;
+        # /dev/shm holds only the bytes laid out so far.
         size = max(nbytes, 2 * (old.nbytes if old else 0), MIN_SEGMENT)
-        self._seg = Segment(segment_name(self._token, self._slot, self._gen), size)
+        self._seg = Segment(segment_name(self._token, self._slot, self._gen), size, reserve=nbytes)
         if old is not None:
             old.unlink()
             old.close()
@@ -79,20 +81,18 @@ class ExchangeBuffer:
         RuntimeError
             If the previous layout has not been ``release``d (see the module
             docstring): a program error in Synkhronos, never the user's.
+        OSError
+            ENOSPC, where ``/dev/shm`` has no room for the large arrays.
         """
         if self._unread:
             raise RuntimeError("Synkhronos internal error: a second exchange layout for one message "
                                "would overwrite the first; pack every array of a message in one pack")
-        self._unread = True
         arrays = [np.asarray(a) for a in arrays]
-        if self.inline:
-            return [_inline(a) for a in arrays]
-        tokens = [None if a.nbytes >= inline_bytes else _inline(a) for a in arrays]
+        tokens = [_inline(a) if self.inline or a.nbytes < inline_bytes else None for a in arrays]
         big = [i for i, t in enumerate(tokens) if t is None]
-        if not big:
-            return tokens
-        total = sum(_aligned(arrays[i].nbytes) for i in big)
-        seg = self._reserve(total)
+        # Room first: where /dev/shm has none, nothing was laid out and nothing waits to be read.
+        seg = self._reserve(sum(_aligned(arrays[i].nbytes) for i in big)) if big else None
+        self._unread = True
         offset = 0
         for i in big:
             a = arrays[i]

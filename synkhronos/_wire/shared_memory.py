@@ -14,6 +14,7 @@ an error, never memory we use), under names that carry 128 random bits.
 """
 
 import gc
+import math
 import mmap
 import os
 import secrets
@@ -23,6 +24,8 @@ import threading
 
 import numpy as np
 import posix_ipc
+
+from . import room
 
 __all__ = [
     "collect_garbage",
@@ -37,7 +40,7 @@ __all__ = [
     "unlink_session",
 ]
 
-_SHM_DIR = "/dev/shm"
+_SHM_DIR = room.SHM_DIR
 _PREFIX = "synk_"
 _MODE = 0o600  # read and write for the owner only
 _MAX_VIEWS = 512  # views a SegmentCache keeps for reuse (a training loop needs a handful)
@@ -73,18 +76,28 @@ def slot_of(name):
 class Segment:
     """One mapped POSIX shared-memory segment.
 
+    The bytes of a segment this process creates are reserved in ``/dev/shm``
+    (``reserve``) before anything is written there: where it has no room,
+    ``OSError`` (ENOSPC) says so, instead of SIGBUS at the first write (see
+    ``_wire.room``).
+
     Parameters
     ----------
     name : str
         Segment name, starting with ``/``.
     nbytes : int or None
         Size to create; ``None`` attaches to an existing segment.
+    reserve : int or None, optional
+        Of a segment created, the bytes to reserve at once (default all; see
+        ``reserve``).
     """
 
-    def __init__(self, name, nbytes=None):
+    def __init__(self, name, nbytes=None, reserve=None):
         self.name = name
+        self._reserved = 0
         if nbytes is None:
             shm = posix_ipc.SharedMemory(name)
+            self._reserved = shm.size  # another process's: its owner reserves it
         else:
             # mmap cannot map zero bytes: keep at least one page behind every name.
             try:
@@ -96,9 +109,40 @@ class Segment:
                 ) from None
         try:
             self.nbytes = shm.size
+            if nbytes is not None:
+                self._reserve_with(shm.fd, self.nbytes if reserve is None else min(int(reserve), self.nbytes))
             self.mmap = mmap.mmap(shm.fd, shm.size)
+        except BaseException:
+            if nbytes is not None:
+                self.unlink()
+            raise
         finally:
             shm.close_fd()
+
+    def reserve(self, nbytes):
+        """Reserve the first ``nbytes`` of this segment (one this process
+        created) in ``/dev/shm``, before they are written.
+
+        Raises
+        ------
+        OSError
+            ENOSPC, where ``/dev/shm`` has too little room left.
+        """
+        if nbytes > self._reserved:
+            try:
+                shm = posix_ipc.SharedMemory(self.name)
+            except posix_ipc.ExistentialError:  # unlinked already: pages come at the first write
+                self._reserved = self.nbytes
+                return
+            try:
+                self._reserve_with(shm.fd, nbytes)
+            finally:
+                shm.close_fd()
+
+    def _reserve_with(self, fd, nbytes):
+        if nbytes > self._reserved:
+            # Where the file system cannot reserve, nothing is tried again.
+            self._reserved = nbytes if room.reserve(fd, self._reserved, nbytes) else self.nbytes
 
     def array(self, dtype, shape, offset=0):
         """A numpy view of the segment's memory."""
@@ -190,22 +234,25 @@ class DataMemory:
         """Items the segment holds (0 without one)."""
         return 0 if self.segment is None else self.segment.nbytes // self._dtype.itemsize
 
-    def allocate(self, items, keep=None):
+    def allocate(self, items, keep=None, used=0):
         """Replace the segment by a new one of ``items`` items, holding the first
         items of array ``keep`` (if given); returns the new segment's name.  The
-        array is None until ``view``."""
+        array is None until ``view``.  ``/dev/shm`` holds the ``used`` items
+        (and the kept ones) at once, the rest of the room as ``view`` needs
+        it; where it has no room, ``OSError`` leaves this object as it was."""
+        kept = 0 if keep is None else min(keep.size, items)
+        seg = Segment(segment_name(self._token, self._slot, self._gen + 1), items * self._dtype.itemsize,
+                      reserve=max(kept, min(used, items)) * self._dtype.itemsize)
         self._gen += 1
-        seg = Segment(segment_name(self._token, self._slot, self._gen), items * self._dtype.itemsize)
-        if keep is not None and keep.size:
-            flat = seg.array(self._dtype, (items,))
-            n = min(keep.size, items)
-            flat[:n] = keep.reshape(-1)[:n]
+        if kept:
+            seg.array(self._dtype, (items,))[:kept] = keep.reshape(-1)[:kept]
         self._drop_segment()
         self.segment = seg
         return seg.name
 
     def view(self, shape):
-        """View the segment as an array of ``shape``."""
+        """View the segment as an array of ``shape`` (reserved in /dev/shm first)."""
+        self.segment.reserve(math.prod(shape) * self._dtype.itemsize)
         self.array = self.segment.array(self._dtype, shape)
         self.ref = array_ref(self.segment.name, 0, self._dtype, shape)
         self.version += 1

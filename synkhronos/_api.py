@@ -69,7 +69,8 @@ def fork(n_parallel=None, use_gpu=None, master_rank=0, profile_workers=False,
     ----------
     n_parallel : int, optional
         Number of ranks, the master included; default: every visible GPU, or
-        every usable CPU core (under MPI: every MPI rank).
+        every usable CPU core, as many as a CPU limit allows (under MPI: every
+        MPI rank).
     use_gpu : bool or None, optional
         None (default): GPUs when there are any, else CPU workers.  False: CPU
         workers.  True: GPUs, or an error if there are none.

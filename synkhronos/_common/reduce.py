@@ -13,11 +13,12 @@ core's cache.  Every element goes through the same operations in the same rank
 order as in one pass, so the results are the same to the bit.
 """
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from .cores import usable_cores
 
 __all__ = ["REDUCE_OPS", "check_op", "identity", "Accumulator", "ChunkPool", "reduce_values",
            "truncated_divide"]
@@ -189,8 +190,7 @@ class ChunkPool:
 
     def __init__(self, threads=None):
         if threads is None:
-            has_affinity = hasattr(os, "sched_getaffinity")
-            threads = len(os.sched_getaffinity(0)) if has_affinity else os.cpu_count() or 1
+            threads = usable_cores()
         self.threads = max(1, threads)
         self._executor = None
         self._lock = threading.Lock()

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from .._common.aligned import aligned_copy
+from .._common.cores import usable_cores
 from ._base import Device
 
 logger = logging.getLogger("synkhronos")
@@ -22,14 +23,6 @@ __all__ = ["CpuDevice", "usable_cores", "THREAD_VARS", "thread_share", "limit_th
 # user chose, and no rank's threads are changed.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-
-
-def usable_cores():
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def thread_share(ranks_here, threads=None):
@@ -134,8 +127,9 @@ def core_share(index, threads, ranks=None):
     With ``ranks`` (the share came from the rule, not the user), each rank gets
     its stretch of the cores, ``ceil(cores / ranks)`` long: where the ranks do
     not divide the cores (9 on 16), neighbours share a core instead of leaving
-    cores idle, and the step is no longer as slow as one core.  Otherwise the
-    user's ``threads`` cores, rank after rank."""
+    cores idle, and the step is no longer as slow as one core.  (Under a CPU
+    limit, ``cores`` counts what the limit allows: ``usable_cores``.)
+    Otherwise the user's ``threads`` cores, rank after rank."""
     if threads is None or not hasattr(os, "sched_getaffinity"):
         return None
     usable = sorted(os.sched_getaffinity(0))
@@ -144,7 +138,7 @@ def core_share(index, threads, ranks=None):
         k = min(threads, n)
         start = index * k % n
     else:
-        k, start = min(-(-n // ranks), n), (index % ranks) * n // ranks
+        k, start = min(-(-usable_cores() // ranks), n), (index % ranks) * n // ranks
     return tuple(usable[(start + j) % n] for j in range(k))
 
 

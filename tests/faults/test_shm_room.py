@@ -8,45 +8,20 @@ The session's cases run in a child process with a mount namespace and a
 reservation's own cases run here, with ``posix_fallocate`` made to fail."""
 
 import errno
-import json
 import os
 import pickle
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from _shm_room import in_small_dev_shm
 
 from synkhronos._wire import shared_memory
 from synkhronos._wire.exchange_buffer import ExchangeBuffer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CHILD = os.path.join(HERE, "..", "_shm_room.py")
-MOUNT = "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec %s %s" % (sys.executable, CHILD)
-
-
-def _namespace():
-    """The ``unshare`` command that gives a child its own /dev/shm here, or None."""
-    if shutil.which("unshare") is None:
-        return None
-    for args in (["unshare", "-m"], ["unshare", "-rm"]):  # root; an unprivileged user namespace
-        if subprocess.run(args + ["sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-                          capture_output=True).returncode == 0:
-            return args
-    return None
-
 
 @pytest.fixture(scope="module")
 def room():
-    """What ``tests/_shm_room.py`` saw in a 64 MB /dev/shm."""
-    args = _namespace()
-    if args is None:
-        pytest.skip("no mount namespace here (unshare -m / -rm) to give a child a 64 MB /dev/shm")
-    proc = subprocess.run(args + ["sh", "-c", MOUNT], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, "the child died (%d; SIGBUS is -7 or 135):\n%s" % (
-        proc.returncode, proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_small_dev_shm()
 
 
 def _no_room(raised, kind="OSError"):

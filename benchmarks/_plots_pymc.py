@@ -123,6 +123,9 @@ def _draw_jax(ax, jax_rows):
 
 
 # ------------------------------------------------------------ jax_batched_forms
+_FAMILY_TITLE = {"bernoulli": "logistic", "normal": "Normal linear regression's"}
+
+
 def plot_jax_batched_forms(payload, png):
     """ms per call of each form of the log-density and gradient, grouped by the
     number of points.
@@ -147,8 +150,9 @@ def plot_jax_batched_forms(payload, png):
     ax.set_xticks(range(len(points)))
     ax.set_xticklabels(["%d point%s" % (k, "s" * (k > 1)) for k in points])
     ax.set(ylabel="ms per call (logp and gradient of every point)",
-           title="logistic log-density and gradient, %g x %d float64 rows, %s (jax %s)"
-           % (payload["rows"], payload["features"], payload["device"], payload["jax"]))
+           title="%s log-density and gradient, %g x %d float64 rows, %s (jax %s)"
+           % (_FAMILY_TITLE[payload.get("family", "bernoulli")], payload["rows"], payload["features"],
+              payload["device"], payload["jax"]))
     ax.legend(fontsize=8)
     return _save(fig, png)
 

@@ -23,6 +23,13 @@ mode), timed as a jitted call with its points and rows on the GPU:
   ``hand_one_read`` on the rows stored feature by feature (a D x n array), so
   that each column's load is contiguous.
 
+* ``xla``: the batched graph the kernel stands for, compiled by XLA (what a
+  GPU rank runs where the kernel does not take its graph).
+
+``--family normal``: a Normal linear regression instead (mean ``x @ beta +
+alpha``, ``log_sigma``; its log-density counts the rows), the kernel against
+``xla`` only.
+
 Beside the forms, two bounds timed through XLA: reading the rows once, and the
 row math of K points alone (on values made in the kernel: no memory traffic).
 
@@ -46,8 +53,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 D = 5  # features
 BLOCK = 256  # rows per block of the hand forms
 WARPS = None  # warps per program of the hand forms (None: Pallas's default)
-FORMS = ("kernel", "kernel_apart", "hand", "hand_loop", "hand_f32_math", "hand_points_inner", "hand_one_read",
-         "fm", "fm_loop", "fm_one_read")
+FORMS = ("kernel", "kernel_apart", "xla", "hand", "hand_loop", "hand_f32_math", "hand_points_inner",
+         "hand_one_read", "fm", "fm_loop", "fm_one_read")
+FAMILY_FORMS = {"bernoulli": FORMS, "normal": ("kernel", "xla")}
 FEATURE_MAJOR = ("fm", "fm_loop", "fm_one_read")  # the rows stored feature by feature (D x n)
 
 
@@ -126,24 +134,30 @@ def _hand(points, n, loop=1, f32=False, inner=False, one_read=False, fm=False):
     return jax.jit(f)
 
 
-def _kernel(apart):
-    """The rows kernel as built, ``f(q, x, y)`` in the hand forms' layout,
-    traced (at its first call) with softplus and sigmoid sharing their parts,
-    or ``apart``."""
+def _kernel(apart, family="bernoulli", xla=False):
+    """The rows kernel as built, ``f(q, x, y)`` in the hand forms' layout
+    (``q``: beta, alpha and the Normal's log_sigma), traced (at its first call)
+    with softplus and sigmoid sharing their parts, or ``apart``; ``xla``: the
+    batched graph it stands for, through XLA."""
     import jax
     import jax.numpy as jnp
     from _pymc_glm import glm, kernel_op
+    from pytensor.link.jax.dispatch import jax_funcify
 
+    from synkhronos._graph.jax_shapes import jax_mode
     from synkhronos.pymc import _blocks
-    from synkhronos.pymc._kernel import jax_form
+    from synkhronos.pymc._kernel import Kernel, _rewritten, jax_form
 
-    params, rows, single = glm("bernoulli", D, "float64")
-    kernel = jax_form(kernel_op(params, rows, single))
+    params, rows, single = glm(family, D, "float64")
+    op = kernel_op(params, rows, single)
+    kernel = jax_funcify(_rewritten(op.batched, jax_mode("JAX"))) if xla else jax_form(op)
+    if not xla and not isinstance(kernel, Kernel):
+        raise RuntimeError("the rows kernel did not take the %s graph (see the log)" % family)
 
     @jax.jit
     def jitted(q, x, y):
-        logp, grad_beta, grad_alpha = kernel(q[:, :D], q[:, D], x, y)
-        return jnp.concatenate([logp[:, None], grad_beta, grad_alpha[:, None]], axis=1)
+        logp, grad_beta, *rest = kernel(q[:, :D], *(q[:, j] for j in range(D, q.shape[1])), x, y)
+        return jnp.concatenate([logp[:, None], grad_beta] + [r[:, None] for r in rest], axis=1)
 
     def f(q, x, y):
         with _shared(_blocks, not apart):
@@ -162,15 +176,10 @@ def _shared(blocks, on):
         blocks.shared_exponentials = kept
 
 
-def _numpy(q, x, y):
-    out = []
-    for qk in q:
-        eta = x @ qk[:D] + qk[D]
-        s = 1 / (1 + np.exp(-eta))
-        r = np.where(y == 1, 1 - s, -s)
-        logp = np.where(y == 1, -np.logaddexp(0, -eta), -np.logaddexp(0, eta)).sum()
-        out.append([logp, *(x.T @ r), r.sum()])
-    return np.array(out)
+def _numpy(q, x, y, family="bernoulli"):
+    from _pymc_glm import numpy_glm
+
+    return np.array([np.hstack(numpy_glm(family, [qk[:D], *qk[D:]], x, y)) for qk in q])
 
 
 def _ms(f, args, reps):
@@ -207,9 +216,9 @@ def _floors(x, y, points, reps, rounds):
     return out
 
 
-def _make(form, points, n):
-    if form in ("kernel", "kernel_apart"):
-        return _kernel(form == "kernel_apart")
+def _make(form, points, n, family="bernoulli"):
+    if form in ("kernel", "kernel_apart", "xla"):
+        return _kernel(form == "kernel_apart", family, xla=form == "xla")
     return _hand(points, n, loop=8 if form in ("hand_loop", "fm_loop") else 1, f32=form == "hand_f32_math",
                  inner=form == "hand_points_inner", one_read=form in ("hand_one_read", "fm_one_read"),
                  fm=form in FEATURE_MAJOR)
@@ -221,7 +230,8 @@ def measure(args):
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(0)
     x_host = rng.standard_normal((args.rows, D))
-    y_host = rng.integers(0, 2, args.rows)
+    normal = args.family == "normal"
+    y_host = rng.standard_normal(args.rows) if normal else rng.integers(0, 2, args.rows)
     x, y = jax.device_put(x_host), jax.device_put(y_host)
     xt = jax.device_put(np.ascontiguousarray(x_host.T))
     m = min(args.rows, 20_000)
@@ -229,18 +239,19 @@ def measure(args):
     xt_small = jax.device_put(np.ascontiguousarray(x_host[:m].T))
     records = []
     for k in args.points:
-        q = jax.device_put(rng.standard_normal((k, D + 1)) * 0.3)
-        want = _numpy(np.asarray(q), x_host[:m], y_host[:m])
+        q = jax.device_put(rng.standard_normal((k, D + 1 + normal)) * 0.3)
+        want = _numpy(np.asarray(q), x_host[:m], y_host[:m], args.family)
         for form in args.forms:
             fm = form in FEATURE_MAJOR
-            got = np.asarray(_make(form, k, m)(q, xt_small if fm else x_small, y_small))
+            got = np.asarray(_make(form, k, m, args.family)(q, xt_small if fm else x_small, y_small))
             err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
-            f = _make(form, k, args.rows)
+            f = _make(form, k, args.rows, args.family)
             ms = min(_ms(f, (q, xt if fm else x, y), args.reps) for _ in range(args.rounds))
             records.append(dict(form=form, points=k, ms=ms, rel_err=err))
             print("  %-14s %d point(s): %.3f ms (max rel diff %.1e)" % (form, k, ms, err), flush=True)
     dev = jax.devices()[0]
-    floors = _floors(x, y, args.points, args.reps, args.rounds)
+    # (the row math bound is the logistic regression's)
+    floors = _floors(x, y, args.points, args.reps, args.rounds) if args.family == "bernoulli" else {}
     return records, dict(device=str(dev.device_kind), platform=dev.platform, jax=jax.__version__,
                          floors=floors)
 
@@ -251,23 +262,30 @@ def main(argv=None):
     p.add_argument("--points", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2, 4])
     p.add_argument("--reps", type=int, default=100, help="calls per median")
     p.add_argument("--rounds", type=int, default=2, help="medians per form and point count (the least kept)")
-    p.add_argument("--forms", type=lambda s: s.split(","), default=list(FORMS))
+    p.add_argument("--family", choices=sorted(FAMILY_FORMS), default="bernoulli")
+    p.add_argument("--forms", type=lambda s: s.split(","), default=None,
+                   help="default: every form of the family")
     p.add_argument("--out", default=default_out(__file__))
     args = p.parse_args(argv)
+    args.forms = args.forms or list(FAMILY_FORMS[args.family])
+    unknown = set(args.forms) - set(FAMILY_FORMS[args.family])
+    if unknown:
+        p.error("forms %s are not written for --family %s" % (sorted(unknown), args.family))
     info = machine_info()
     print_machine(info)
     records, meta = measure(args)
     one = {r["form"]: r["ms"] for r in records if r["points"] == 1}
-    print("\n%s (jax %s), %g x %d float64 rows, float64 on every form but hand_f32_math's arithmetic"
-          % (meta["device"], meta["jax"], args.rows, D))
+    print("\n%s (jax %s), %s, %g x %d float64 rows, float64 on every form but hand_f32_math's arithmetic"
+          % (meta["device"], meta["jax"], args.family, args.rows, D))
     print(table(["form", "points", "ms", "of 1 point's", "max rel diff"],
                 [[r["form"], r["points"], "%.3f" % r["ms"], "%.2fx" % (r["ms"] / one[r["form"]]),
                   "%.1e" % r["rel_err"]] for r in records]))
     floors = meta["floors"]
-    maths = ", ".join("%d point(s) %.3f ms" % (k, floors["math_%d" % k]) for k in args.points)
-    print("bounds (XLA): reading the rows %.3f ms; the row math alone, %s" % (floors["read"], maths))
+    if floors:
+        maths = ", ".join("%d point(s) %.3f ms" % (k, floors["math_%d" % k]) for k in args.points)
+        print("bounds (XLA): reading the rows %.3f ms; the row math alone, %s" % (floors["read"], maths))
     write_results(args.out, dict(benchmark="rows_kernel_forms", machine=info, gpu=gpu_name(), rows=args.rows,
-                                 features=D, reps=args.reps, **meta, records=records))
+                                 features=D, family=args.family, reps=args.reps, **meta, records=records))
 
 
 if __name__ == "__main__":

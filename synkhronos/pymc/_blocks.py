@@ -21,6 +21,7 @@ import operator
 
 import numpy as np
 from pytensor.graph.basic import Constant
+from pytensor.raise_op import Assert
 from pytensor.scalar import basic as ps
 from pytensor.tensor import subtensor as _subtensor_ops
 from pytensor.tensor.basic import Alloc, Join, MakeVector, ScalarFromTensor, TensorFromScalar
@@ -30,6 +31,7 @@ from pytensor.tensor.shape import Shape_i, SpecifyShape
 from pytensor.tensor.subtensor import (
     AdvancedIncSubtensor,
     AdvancedSubtensor,
+    IncSubtensor,
     Subtensor,
     indices_from_subtensor,
 )
@@ -89,7 +91,8 @@ class Interpreter:
                           Shape_i: self._shape_i, SpecifyShape: self._same,
                           ScalarFromTensor: self._same, TensorFromScalar: self._same,
                           ps.ScalarOp: self._elemwise,
-                          AdvancedSubtensor: self._pick, AdvancedIncSubtensor: self._add_at}
+                          AdvancedSubtensor: self._pick, AdvancedIncSubtensor: self._add_at,
+                          Assert: self._assert, IncSubtensor: self._inc_subtensor}
         for name, handler in (("AdvancedSubtensor1", self._pick), ("AdvancedIncSubtensor1", self._add_at)):
             if hasattr(_subtensor_ops, name):  # (PyTensor 2's; PyTensor 3 has only the general ones)
                 self._handlers[getattr(_subtensor_ops, name)] = handler
@@ -101,6 +104,7 @@ class Interpreter:
             return self._run(env)
 
     def _run(self, env):
+        self._env = env
         for node in self.fgraph.toposort():
             handler = next((h for t, h in self._handlers.items() if isinstance(node.op, t)), None)
             if handler is None:
@@ -126,6 +130,28 @@ class Interpreter:
 
     def _same(self, node, x, *shape):
         return [x]
+
+    def _assert(self, node, x, *conditions):
+        """A shape check that every block passes: that two tensors with rows
+        have as many rows (PyTensor's "Could not broadcast dimensions").  In a
+        block, every tensor with rows has the block's rows; on a rank, every
+        input with rows has the rank's (``data_parallel`` splits them alike).
+        A check of anything else is not made in a kernel: ``Unsupported``."""
+        for cond in node.inputs[1:]:
+            if not self._equal_row_counts(cond):
+                raise Unsupported("Op %s" % node.op)
+        return [x]
+
+    def _equal_row_counts(self, var):
+        """Whether ``var`` is ``Eq`` of two row counts (``Shape_i`` of an axis of rows)."""
+        while var.owner is not None and isinstance(var.owner.op, (ScalarFromTensor, TensorFromScalar)):
+            var = var.owner.inputs[0]
+        node = var.owner
+        if node is None or not isinstance(getattr(node.op, "scalar_op", node.op), ps.EQ):
+            return False
+        counts = [i.owner for i in node.inputs]
+        return all(c is not None and isinstance(c.op, Shape_i) and c.inputs[0] in self._env
+                   and self._env[c.inputs[0]].row == c.op.i for c in counts)
 
     def _dimshuffle(self, node, x):
         order = node.op.new_order
@@ -222,6 +248,17 @@ class Interpreter:
         if row is not None:
             row -= sum(1 for entry in idx[:row] if not isinstance(entry, slice))
         return [Value(comps, row)]
+
+    def _inc_subtensor(self, node, x, y, *idx_vals):
+        """``x`` with ``y`` added (or set) at constant indices, neither with rows
+        (the gradient by ``b`` of ``b[0] + b[1] * x``)."""
+        if x.row is not None or y.row is not None:
+            raise Unsupported("an increment of a tensor with rows")
+        idx = tuple(_constant_index(e) for e in indices_from_subtensor(node.inputs[2:], node.op.idx_list))
+        out = x.comps.copy()
+        part = np.broadcast_to(y.comps, np.empty(out.shape, dtype=bool)[idx].shape)
+        out[idx] = part if node.op.set_instead_of_inc else out[idx] + part
+        return [Value(out)]
 
     def _pick(self, node, x, *index):
         """``x[g]``: each row's value of ``x`` (a value per group) at its index ``g``."""

@@ -50,9 +50,17 @@ def scalar_function(scalar_op, dtypes):
         return _sigmoid
     if isinstance(scalar_op, ps.Neg):
         return _neg
+    if isinstance(scalar_op, ps.Cast):  # (PyTensor's JAX form copies its input: Triton has no copy)
+        return functools.partial(_cast, dtype=scalar_op.o_type.dtype)
     ins = [ps.get_scalar_type(d)() for d in dtypes]
     inner = jax_funcify(FunctionGraph(ins, scalar_op.make_node(*ins).outputs, clone=False))
     return lambda *a: (lambda r: r[0] if len(r) == 1 else r)(inner(*a))
+
+
+def _cast(x, dtype):
+    import jax
+
+    return jax.lax.convert_element_type(x, dtype)
 
 
 def _composite_function(composite):

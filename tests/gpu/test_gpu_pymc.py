@@ -83,8 +83,9 @@ def test_log_likelihood_and_posterior_predictive_on_a_gpu_rank(session, make):
 
 @pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 100_003])
 def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n):
-    """GPU ranks compile a logistic regression's pass over its rows, and a
-    Normal's with an intercept per group, as one Triton kernel (not the
+    """GPU ranks compile a logistic regression's pass over its rows, a
+    Normal's with an intercept per group, and a Normal linear regression's
+    (whose log-density counts the rows: a cast), as one Triton kernel (not the
     batched graph it falls back to), with numpy's log-density and gradient for
     1 to 4 points at row counts around the block."""
     import _pymc_glm as unit
@@ -94,7 +95,7 @@ def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n)
 
     assert jax.default_backend() == "gpu" and jax.config.jax_enable_x64
     rng = np.random.default_rng(n)
-    for family in ("bernoulli", "groups"):
+    for family in ("bernoulli", "groups", "normal"):
         params, rows, single = unit.glm(family, 5, "float64")
         kernel = jax_form(unit.kernel_op(params, rows, single))
         assert isinstance(kernel, Kernel) and not kernel.interpret
@@ -106,6 +107,24 @@ def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n)
                 want = unit.numpy_glm(family, [s[k] for s in stacked], *values)
                 for g, w in zip(got, want):
                     np.testing.assert_allclose(np.asarray(g[k]), w, rtol=1e-10, atol=1e-10 * (n + 1))
+
+
+@pytest.mark.parametrize("name", ["normal", "two_likelihoods", "rows_of_three", "potential",
+                                  "deterministics"])
+def test_models_of_the_zoo_run_as_one_kernel_on_the_gpu(session, name):
+    """The first model of every tutorial (a Normal with mean and sigma: its
+    log-density counts the rows, a cast), two likelihoods, rows of three, a
+    potential and deterministics: Triton compiles each rank's pass over its
+    rows as one kernel, with the batched graph's values (on the host)."""
+    import test_pymc_zoo as zoo
+
+    model = getattr(zoo, name)()
+    want, _ = zoo._batched_graph_values(model, on_gpu=False)
+    got, kernel = zoo._rows_kernel_values(model, interpret=False)
+    assert kernel, "the batched graph, not the kernel"
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+    assert_same_density(model, data_parallel(model))
 
 
 def test_set_data_reaches_a_gpu_rank(session):

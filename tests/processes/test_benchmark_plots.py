@@ -179,8 +179,9 @@ def test_jax_batched_forms_agree_and_write_png(tmp_path):
 
 def test_rows_kernel_forms_agree_and_write_png(tmp_path):
     """Runs for real under Pallas's interpreter (no GPU here): the rows kernel
-    with and without shared exponentials and every hand-written form give
-    numpy's logp and gradient."""
+    with and without shared exponentials, its batched graph through XLA and
+    every hand-written form give numpy's logp and gradient; so do the kernel
+    and its batched graph of a Normal linear regression."""
     pytest.importorskip("pymc")  # (the kernel's forms are synkhronos.pymc's)
     pytest.importorskip("jax")
     out = str(tmp_path / "rows_kernel_forms.json")
@@ -191,11 +192,18 @@ def test_rows_kernel_forms_agree_and_write_png(tmp_path):
     records = got["records"]
     forms = {r["form"] for r in records}
     assert len(records) == 2 * len(forms)
-    assert {"kernel", "kernel_apart", "hand_one_read", "fm_one_read"} <= forms
+    assert {"kernel", "kernel_apart", "xla", "hand_one_read", "fm_one_read"} <= forms
     assert set(got["floors"]) == {"read", "math_1", "math_3"}
     for r in records:
         assert r["rel_err"] < (1e-5 if r["form"] == "hand_f32_math" else 1e-12), r
     assert os.path.getsize(out[:-5] + ".png") > 10_000
+    # A Normal linear regression: the kernel and its batched graph, numpy's values.
+    _run_ok(os.path.join(BENCH, "rows_kernel_forms.py"), "--family", "normal", "--rows", "700",
+            "--points", "1,2", "--reps", "2", "--rounds", "1", "--out", out)
+    with open(out) as f:
+        got = json.load(f)
+    assert got["family"] == "normal" and {r["form"] for r in got["records"]} == {"kernel", "xla"}
+    assert all(r["rel_err"] < 1e-12 for r in got["records"]), got["records"]
 
 
 def test_pymc_libraries_draws_its_payload(tmp_path):

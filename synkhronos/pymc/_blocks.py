@@ -256,7 +256,8 @@ class Interpreter:
             raise Unsupported("an increment of a tensor with rows")
         idx = tuple(_constant_index(e) for e in indices_from_subtensor(node.inputs[2:], node.op.idx_list))
         out = x.comps.copy()
-        part = np.broadcast_to(y.comps, np.empty(out.shape, dtype=bool)[idx].shape)
+        shape = np.empty(out.shape, dtype=bool)[idx].shape
+        part = np.broadcast_to(y.comps, shape) if shape else y.comps.reshape(-1)[0]  # (a component)
         out[idx] = part if node.op.set_instead_of_inc else out[idx] + part
         return [Value(out)]
 

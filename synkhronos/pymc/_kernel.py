@@ -24,9 +24,10 @@ from pytensor.graph.op import Op
 from pytensor.graph.replace import clone_replace
 
 from .._graph.jax_shapes import jax_mode
-from ._blocks import Interpreter, Value, comps_from
+from ._blocks import Interpreter, Unsupported, Value, comps_from
 
-__all__ = ["BLOCK", "KERNEL_ENV", "Kernel", "RowsKernel", "jax_form", "kernel_compiles", "rows_kernel"]
+__all__ = ["BLOCK", "KERNEL_ENV", "HoistedKernel", "Kernel", "RowsKernel", "jax_form", "kernel_compiles",
+           "rows_kernel"]
 
 logger = logging.getLogger("synkhronos.pymc")
 
@@ -110,15 +111,29 @@ def jax_form(op, interpret=None, **kwargs):
     if tried is not None and tried.interpret == interpret:
         return tried
     try:
-        kernel = Kernel(_rewritten(op.single, "JAX"), op.n_params, op.n_data, interpret)
-        kernel.trial()
-        op._tried = kernel
+        op._tried = kernel = _tried_kernel(_rewritten(op.single, "JAX"), op.n_params, op.n_data, interpret)
     except Exception as exc:  # what the interpreter, Pallas or Triton does not handle
         logger.info("synkhronos.pymc: the rows' graph compiled as it is, not as one kernel (%s: %s)",
                     type(exc).__name__, (str(exc).splitlines() or [""])[0][:300])
         fn = jax_funcify(_rewritten(op.batched, jax_mode("JAX")), **kwargs)
         return fn if len(op.batched.outputs) > 1 else (lambda *args: fn(*args)[0])
     return kernel
+
+
+def _tried_kernel(fgraph, n_params, n_data, interpret):
+    """The kernel of ``fgraph``, compiled once; where it does not compile, the
+    kernel with what the rows do not enter taken out (``HoistedKernel``)."""
+    try:
+        kernel = Kernel(fgraph, n_params, n_data, interpret)
+        kernel.trial()
+        return kernel
+    except Exception as exc:
+        try:
+            kernel = HoistedKernel(fgraph, n_params, n_data, interpret)
+        except Unsupported:
+            raise exc from None
+        kernel.trial()
+        return kernel
 
 
 def kernel_compiles(op):
@@ -158,10 +173,7 @@ class Kernel:
         """Compile for one point and one block (raises what does not)."""
         import jax
 
-        args = [np.zeros((1,) + _concrete(v.type.shape), dtype=v.dtype) for v in self.params]
-        args += [np.zeros(_concrete(v.type.shape), dtype=v.dtype) for v in self.data]
-        args += [np.zeros((BLOCK,) + _concrete(v.type.shape[1:]), dtype=v.dtype) for v in self.rows]
-        jax.jit(self).lower(*args).compile()
+        jax.jit(self).lower(*_trial_args(self.params, self.data, self.rows)).compile()
 
     def __call__(self, *args):
         import jax.numpy as jnp
@@ -265,6 +277,53 @@ class Kernel:
         call = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((points * per_point, blocks), dtype),
                               grid=(points, blocks), interpret=self.interpret)
         return call(*flat)
+
+
+class HoistedKernel(Kernel):
+    """A ``Kernel`` whose graph's values computed from the parameters and data
+    alone are computed before it, by XLA, once per point, and passed to it as
+    parameters: a function Triton has no rule for (``lgamma``, ``digamma``)
+    then lies outside the kernel where it is not computed row by row (a
+    Student-t's or a Gamma's normalizing constant, and its gradient).  Raises
+    ``Unsupported`` where there is nothing to take out."""
+
+    def __init__(self, fgraph, n_params, n_data, interpret):
+        from pytensor.link.jax.dispatch import jax_funcify
+
+        params, data = fgraph.inputs[:n_params], fgraph.inputs[n_params:n_params + n_data]
+        rows = fgraph.inputs[n_params + n_data:]
+        on_rows = computed_from(fgraph, rows)
+        used = [v for node in fgraph.toposort() if node.outputs[0] in on_rows for v in node.inputs]
+        hoist = [v for v in dict.fromkeys(used + list(fgraph.outputs))
+                 if v not in on_rows and v.owner is not None and None not in v.type.shape]
+        if not hoist:
+            raise Unsupported("nothing computed from the parameters alone to take out of the kernel")
+        holders = [v.type(name="hoisted_%d" % i) for i, v in enumerate(hoist)]
+        outputs = clone_replace(list(fgraph.outputs), replace=dict(zip(hoist, holders)))
+        body = FunctionGraph(list(params) + holders + list(data) + list(rows), outputs, clone=True)
+        super().__init__(body, n_params + len(hoist), n_data, interpret)
+        self._outer = (params, data, rows)
+        self._head = jax_funcify(FunctionGraph(list(params) + list(data), hoist, clone=True))
+
+    def trial(self):
+        import jax
+
+        jax.jit(self).lower(*_trial_args(*self._outer)).compile()
+
+    def __call__(self, *args):
+        import jax
+
+        n_params, n_data = len(self._outer[0]), len(self._outer[1])
+        params, data = args[:n_params], args[n_params:n_params + n_data]
+        hoisted = jax.vmap(lambda *p: tuple(self._head(*p, *data)))(*params)
+        return super().__call__(*params, *hoisted, *args[n_params:])
+
+
+def _trial_args(params, data, rows):
+    """Zeros for one point, the data and one block of rows."""
+    args = [np.zeros((1,) + _concrete(v.type.shape), dtype=v.dtype) for v in params]
+    args += [np.zeros(_concrete(v.type.shape), dtype=v.dtype) for v in data]
+    return args + [np.zeros((BLOCK,) + _concrete(v.type.shape[1:]), dtype=v.dtype) for v in rows]
 
 
 def computed_from(fgraph, inputs):

@@ -110,12 +110,14 @@ def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n)
 
 
 @pytest.mark.parametrize("name", ["normal", "two_likelihoods", "rows_of_three", "potential",
-                                  "deterministics"])
+                                  "deterministics", "robust", "gamma_glm"])
 def test_models_of_the_zoo_run_as_one_kernel_on_the_gpu(session, name):
     """The first model of every tutorial (a Normal with mean and sigma: its
     log-density counts the rows, a cast), two likelihoods, rows of three, a
-    potential and deterministics: Triton compiles each rank's pass over its
-    rows as one kernel, with the batched graph's values (on the host)."""
+    potential, deterministics, a Student-t and a Gamma GLM (lgamma and digamma
+    of a parameter, computed before the kernel): Triton compiles each rank's
+    pass over its rows as one kernel, with the batched graph's values (on the
+    host)."""
     import test_pymc_zoo as zoo
 
     model = getattr(zoo, name)()

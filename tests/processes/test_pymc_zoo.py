@@ -194,6 +194,9 @@ UNBATCHED = (zero_inflated, multinomial_logit, mvnormal)
 # Graphs the GPU ranks' rows kernel takes (the others hold what Triton does not
 # compile, lgamma and digamma of a parameter, or a shape known only at the call).
 KERNEL_MODELS = (normal, two_likelihoods, rows_of_three, potential, deterministics)
+# ... and those it takes once what the rows do not enter is computed before it
+# (``HoistedKernel``): lgamma and digamma of a parameter.
+HOISTED_MODELS = (robust, gamma_glm)
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["one_point", "batched"])
@@ -367,6 +370,37 @@ def test_the_rows_kernel_holds_only_what_triton_compiles(make):
     body = call.params["jaxpr"]
     assert not body.constvars, "captured constants"
     assert _primitives(body) <= lowered, _primitives(body) - lowered
+
+
+@pytest.mark.parametrize("make", HOISTED_MODELS, ids=lambda f: f.__name__)
+def test_what_the_rows_do_not_enter_is_computed_before_the_kernel(make):
+    """A Student-t's and a Gamma's normalizing constants and their gradients
+    (lgamma and digamma of a parameter, which Triton does not compile) are
+    computed by XLA before the kernel, once per point; the kernel then holds
+    only what Triton compiles, and gives the batched graph's values."""
+    import jax
+
+    from synkhronos.pymc._kernel import HoistedKernel, _rewritten
+
+    rules = getattr(pytest.importorskip("jax._src.pallas.triton.lowering"), "triton_lowering_rules", None)
+    model = make()
+    want, _ = _batched_graph_values(model, on_gpu=False)
+    g = _RanksGraphs(model)
+    op = _kernel_op(g)
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        kernel = HoistedKernel(_rewritten(op.single, "JAX"), op.n_params, op.n_data, interpret=True)
+        args = (*g.points, *g.data_values, *g.terms.row_values)
+        got, traced = kernel(*args), jax.make_jaxpr(kernel)(*args)
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    for a, w in zip(got if isinstance(got, (tuple, list)) else [got], want):
+        np.testing.assert_allclose(np.asarray(a), w, rtol=1e-10, atol=1e-10)
+    (call,) = [e for e in traced.jaxpr.eqns if e.primitive.name == "pallas_call"]
+    assert {"lgamma", "digamma"} <= _primitives(traced.jaxpr) - _primitives(call.params["jaxpr"])
+    if rules is not None:
+        assert _primitives(call.params["jaxpr"]) <= {p.name for p in rules}
 
 
 def _kernel_op(g):

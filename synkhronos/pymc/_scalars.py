@@ -20,6 +20,8 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.fg import FunctionGraph
 from pytensor.scalar import basic as ps
 
+from . import _special
+
 __all__ = ["Unsupported", "jnp_module", "scalar_function", "shared_exponentials"]
 
 _walk = threading.local()  # .negations: id(-a) -> (-a, a); .parts: (id(a), part) -> (a, value)
@@ -40,7 +42,7 @@ def scalar_function(scalar_op, dtypes):
     """A JAX function of scalars (or vectors of rows) of ``dtypes`` for
     ``scalar_op`` (see the module docstring)."""
     from pytensor.link.jax.dispatch import jax_funcify
-    from pytensor.scalar.math import Sigmoid, Softplus
+    from pytensor.scalar.math import GammaLn, Psi, Sigmoid, Softplus
 
     if isinstance(scalar_op, ps.Composite):
         return _composite_function(scalar_op)
@@ -50,11 +52,20 @@ def scalar_function(scalar_op, dtypes):
         return _sigmoid
     if isinstance(scalar_op, ps.Neg):
         return _neg
+    if isinstance(scalar_op, GammaLn | Psi):  # (Triton has no rule for JAX's)
+        fn = _special.lgamma if isinstance(scalar_op, GammaLn) else _special.digamma
+        ins = [ps.get_scalar_type(d)() for d in dtypes]
+        return functools.partial(_in_dtype, fn, scalar_op.make_node(*ins).outputs[0].dtype)
     if isinstance(scalar_op, ps.Cast):  # (PyTensor's JAX form copies its input: Triton has no copy)
         return functools.partial(_cast, dtype=scalar_op.o_type.dtype)
     ins = [ps.get_scalar_type(d)() for d in dtypes]
     inner = jax_funcify(FunctionGraph(ins, scalar_op.make_node(*ins).outputs, clone=False))
     return lambda *a: (lambda r: r[0] if len(r) == 1 else r)(inner(*a))
+
+
+def _in_dtype(fn, dtype, x):
+    """``fn(x)`` computed in ``dtype`` (an integer ``x``, say ``y + 1`` of counts, first cast)."""
+    return fn(_cast(x, dtype))
 
 
 def _cast(x, dtype):

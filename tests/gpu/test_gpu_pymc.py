@@ -110,14 +110,14 @@ def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n)
 
 
 @pytest.mark.parametrize("name", ["normal", "two_likelihoods", "rows_of_three", "potential",
-                                  "deterministics", "robust", "gamma_glm"])
+                                  "deterministics", "robust", "gamma_glm", "binomial_trials", "poisson"])
 def test_models_of_the_zoo_run_as_one_kernel_on_the_gpu(session, name):
     """The first model of every tutorial (a Normal with mean and sigma: its
     log-density counts the rows, a cast), two likelihoods, rows of three, a
     potential, deterministics, a Student-t and a Gamma GLM (lgamma and digamma
-    of a parameter, computed before the kernel): Triton compiles each rank's
-    pass over its rows as one kernel, with the batched graph's values (on the
-    host)."""
+    of a parameter), a binomial with each row's trials and a Poisson GLM
+    (lgamma of each row): Triton compiles each rank's pass over its rows as
+    one kernel, with the batched graph's values (on the host)."""
     import test_pymc_zoo as zoo
 
     model = getattr(zoo, name)()
@@ -127,6 +127,27 @@ def test_models_of_the_zoo_run_as_one_kernel_on_the_gpu(session, name):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
     assert_same_density(model, data_parallel(model))
+
+
+@pytest.mark.parametrize("name", ["robust", "gamma_glm"])
+def test_a_kernel_with_what_the_rows_do_not_enter_computed_before_it(session, name):
+    """``HoistedKernel`` (what a kernel that does not compile is tried as next):
+    Triton compiles it, and XLA's values of the parameters' functions before
+    it give the batched graph's values."""
+    import jax
+    import test_pymc_zoo as zoo
+
+    from synkhronos.pymc._kernel import HoistedKernel, _rewritten
+
+    model = getattr(zoo, name)()
+    want, _ = zoo._batched_graph_values(model, on_gpu=False)
+    g = zoo._RanksGraphs(model)
+    op = zoo._kernel_op(g)
+    kernel = HoistedKernel(_rewritten(op.single, "JAX"), op.n_params, op.n_data, interpret=False)
+    kernel.trial()
+    got = jax.jit(kernel)(*g.points, *g.data_values, *g.terms.row_values)
+    for a, w in zip(got if isinstance(got, (tuple, list)) else [got], want):
+        np.testing.assert_allclose(np.asarray(a), w, rtol=1e-10, atol=1e-10)
 
 
 def test_set_data_reaches_a_gpu_rank(session):

@@ -103,6 +103,19 @@ def binomial_trials():
     return m
 
 
+def poisson():
+    """A count GLM: its log-density takes log(y!) (lgamma) on every row."""
+    rng = _rng(17)
+    x = rng.standard_normal((N, 2))
+    y = rng.poisson(np.exp(0.3 + x @ [0.5, -0.2]))
+    with pm.Model() as m:
+        xd = pm.Data("x", x)
+        b = pm.Normal("b", 0, 1, shape=2)
+        a = pm.Normal("a", 0, 1)
+        pm.Poisson("y", mu=pm.math.exp(a + xd @ b), observed=y)
+    return m
+
+
 def mvnormal():
     """Rows of 3-dimensional observations, an LKJ Cholesky prior: PyTensor keeps
     Blockwise closures in the compiled graph, which travel by cloudpickle."""
@@ -186,14 +199,15 @@ def deterministics():
 
 
 MODELS = [varying_slopes, robust, zero_inflated, multinomial_logit, gamma_glm, binomial_trials, mvnormal,
-          censored, potential, normal, two_likelihoods, rows_of_three, deterministics]
+          censored, potential, normal, two_likelihoods, rows_of_three, deterministics, poisson]
 
 
 # Graphs with an Op that PyTensor cannot give a leading axis of points: one point at a time.
 UNBATCHED = (zero_inflated, multinomial_logit, mvnormal)
-# Graphs the GPU ranks' rows kernel takes (the others hold what Triton does not
-# compile, lgamma and digamma of a parameter, or a shape known only at the call).
-KERNEL_MODELS = (normal, two_likelihoods, rows_of_three, potential, deterministics)
+# Graphs the GPU ranks' rows kernel takes (lgamma and digamma by _special's
+# series; not the censored Normal's erfc, nor a shape known only at the call).
+KERNEL_MODELS = (normal, two_likelihoods, rows_of_three, potential, deterministics, robust, gamma_glm,
+                 binomial_trials, poisson)
 # ... and those it takes once what the rows do not enter is computed before it
 # (``HoistedKernel``): lgamma and digamma of a parameter.
 HOISTED_MODELS = (robust, gamma_glm)

@@ -417,6 +417,27 @@ def test_what_the_rows_do_not_enter_is_computed_before_the_kernel(make):
         assert _primitives(call.params["jaxpr"]) <= {p.name for p in rules}
 
 
+@pytest.mark.parametrize("make, hoisted", [(robust, True), (gamma_glm, True), (poisson, False),
+                                           (normal, False)], ids=["robust", "gamma_glm", "poisson", "normal"])
+def test_lgamma_of_the_parameters_alone_is_taken_out_of_the_kernel(make, hoisted):
+    """Where the parameters alone take lgamma or digamma (a Student-t's and a
+    Gamma's normalizing constants), the kernel is ``HoistedKernel`` (computed
+    in every program, they made it slower than XLA on an H200); where only the
+    rows do (a Poisson's log(y!)), or neither, the kernel as it is."""
+    import jax
+
+    from synkhronos.pymc._kernel import HoistedKernel, Kernel, jax_form
+
+    op = _kernel_op(_RanksGraphs(make()))
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        fn = jax_form(op, interpret=True)
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    assert isinstance(fn, Kernel) and isinstance(fn, HoistedKernel) == hoisted
+
+
 def _kernel_op(g):
     from synkhronos._graph.editing import rewritten_in_turn
     from synkhronos.pymc._gpu import GPU_FORMS, ONE_EXP_SOFTPLUS

@@ -6,7 +6,9 @@ rows).  ``RowsKernel`` stands for the batched graph on GPU ranks: under JAX it
 is a Pallas kernel (Triton) in which each program reads one block of
 ``BLOCK`` rows once and evaluates the graph of one point on them for each of
 the K points (``_blocks.Interpreter``), writing one partial sum per output
-component; the partial sums are then added up.  Where the graph holds what the
+component; the partial sums are then added up.  Where that does not compile, or costs
+more than it should, the values the rows do not enter are computed before it
+(``HoistedKernel``).  Where the graph holds what the
 interpreter or Triton does not handle, and anywhere but under JAX, it is the
 batched graph it stands for, compiled as usual (``data_parallel`` uses it only
 where it compiled on the session's own GPU).  The docs page "PyMC" says what
@@ -303,10 +305,11 @@ class Kernel:
 class HoistedKernel(Kernel):
     """A ``Kernel`` whose graph's values computed from the parameters and data
     alone are computed before it, by XLA, once per point, and passed to it as
-    parameters: a function Triton has no rule for (``lgamma``, ``digamma``)
-    then lies outside the kernel where it is not computed row by row (a
-    Student-t's or a Gamma's normalizing constant, and its gradient).  Raises
-    ``Unsupported`` where there is nothing to take out."""
+    parameters: what Triton does not compile, or what costs the kernel more
+    than it does XLA (``lgamma`` and ``digamma`` by ``_special``'s series in
+    every program: a Student-t's or a Gamma's normalizing constant, and its
+    gradient), then lies outside the kernel where it is not computed row by
+    row.  Raises ``Unsupported`` where there is nothing to take out."""
 
     def __init__(self, fgraph, n_params, n_data, interpret):
         from pytensor.link.jax.dispatch import jax_funcify

@@ -10,6 +10,7 @@ cgroup v2) or ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (v1, -1 for
 none), on the process's cgroup or any above it: the least one counts.
 """
 
+import functools
 import math
 import os
 
@@ -17,12 +18,15 @@ __all__ = ["usable_cores", "cpu_quota"]
 
 
 def usable_cores():
-    """Cores this process may use (at least 1)."""
+    """Cores this process may use (at least 1): its affinity as it is now (a
+    rank narrows it for a moment to start JAX's pool), its CPU limit as it was
+    first read (reading the cgroup files takes tens of microseconds, and a
+    forked chain's service asks before each run)."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         n = os.cpu_count() or 1
-    quota = cpu_quota()
+    quota = _own_quota()
     return n if quota is None else max(1, min(n, math.ceil(quota - 1e-9)))
 
 
@@ -50,6 +54,9 @@ def cpu_quota(proc="/proc/self"):
             path = next((g[2] for g in groups if "cpu" in g[1].split(",")), None)
             limits += _along(point, root, path, _v1)
     return min(limits) if limits else None
+
+
+_own_quota = functools.cache(cpu_quota)  # (this process's, read once)
 
 
 def _along(point, root, path, read):

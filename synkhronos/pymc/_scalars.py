@@ -52,14 +52,14 @@ def scalar_function(scalar_op, dtypes):
         return _sigmoid
     if isinstance(scalar_op, ps.Neg):
         return _neg
-    if isinstance(scalar_op, GammaLn | Psi):  # (Triton has no rule for JAX's)
-        fn = _special.lgamma if isinstance(scalar_op, GammaLn) else _special.digamma
-        ins = [ps.get_scalar_type(d)() for d in dtypes]
-        return functools.partial(_in_dtype, fn, scalar_op.make_node(*ins).outputs[0].dtype)
     if isinstance(scalar_op, ps.Cast):  # (PyTensor's JAX form copies its input: Triton has no copy)
         return functools.partial(_cast, dtype=scalar_op.o_type.dtype)
     ins = [ps.get_scalar_type(d)() for d in dtypes]
-    inner = jax_funcify(FunctionGraph(ins, scalar_op.make_node(*ins).outputs, clone=False))
+    node = scalar_op.make_node(*ins)
+    if isinstance(scalar_op, GammaLn | Psi):  # (Triton has no rule for JAX's)
+        fn = _special.lgamma if isinstance(scalar_op, GammaLn) else _special.digamma
+        return functools.partial(_in_dtype, fn, node.outputs[0].dtype)
+    inner = jax_funcify(FunctionGraph(ins, node.outputs, clone=False))
     return lambda *a: (lambda r: r[0] if len(r) == 1 else r)(inner(*a))
 
 

@@ -4,6 +4,7 @@ gradient at random points; those that cannot be split are refused by name, and
 the session goes on.  Runs on both PyMC lines: PyMC 5 (PyTensor 2.38) and
 PyMC 6 (PyTensor 3.3)."""
 
+import contextlib
 import threading
 
 import numpy as np
@@ -208,7 +209,7 @@ UNBATCHED = (zero_inflated, multinomial_logit, mvnormal)
 # series; not the censored Normal's erfc, nor a shape known only at the call).
 KERNEL_MODELS = (normal, two_likelihoods, rows_of_three, potential, deterministics, robust, gamma_glm,
                  binomial_trials, poisson)
-# ... and those it takes once what the rows do not enter is computed before it
+# ... of which these take it with what the rows do not enter computed before it
 # (``HoistedKernel``): lgamma and digamma of a parameter.
 HOISTED_MODELS = (robust, gamma_glm)
 
@@ -315,23 +316,38 @@ def test_the_gpu_ranks_batched_graph_gives_the_same_values(make):
         assert softplus == {OneExpSoftplus}, softplus
 
 
+@contextlib.contextmanager
+def _x64():
+    """JAX's 64-bit mode within (the ranks' in float64), put back after."""
+    import jax
+
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+def _triton_rules():
+    """The primitives Pallas lowers to Triton (JAX's own table, private), or
+    None where this JAX keeps it elsewhere."""
+    lowering = pytest.importorskip("jax._src.pallas.triton.lowering")
+    rules = getattr(lowering, "triton_lowering_rules", None)
+    return None if rules is None else {p.name for p in rules}
+
+
 def _rows_kernel_values(model, interpret=True):
     """``_RanksGraphs``' points through the GPU ranks' ``RowsKernel`` (Pallas's
     interpreter on the CPU, or Triton on a GPU; JAX in 64 bits); and whether
     the kernel took the graph (else the batched graph's JAX function)."""
-    import jax
-
     from synkhronos.pymc._kernel import Kernel, jax_form
 
     g = _RanksGraphs(model)
     op = _kernel_op(g)
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with _x64():
         fn = jax_form(op, interpret=interpret)
         got = fn(*g.points, *g.data_values, *g.terms.row_values)
-    finally:
-        jax.config.update("jax_enable_x64", before)
     got = got if isinstance(got, (tuple, list)) else [got]
     return [np.asarray(g) for g in got], isinstance(fn, Kernel)
 
@@ -363,23 +379,17 @@ def test_the_rows_kernel_holds_only_what_triton_compiles(make):
     captured constants.  Checked here on its traced body, without a GPU."""
     import jax
 
-    rules = getattr(pytest.importorskip("jax._src.pallas.triton.lowering"), "triton_lowering_rules", None)
-    if rules is None:  # (JAX's own table, private: where it moved, nothing to check against)
-        pytest.skip("this JAX keeps Pallas's Triton lowering rules elsewhere")
-    lowered = {p.name for p in rules}
-    model = make()
-    g = _RanksGraphs(model)
-    op = _kernel_op(g)
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        from synkhronos.pymc._kernel import Kernel, jax_form
+    from synkhronos.pymc._kernel import Kernel, jax_form
 
+    lowered = _triton_rules()
+    if lowered is None:  # (nothing to check against)
+        pytest.skip("this JAX keeps Pallas's Triton lowering rules elsewhere")
+    g = _RanksGraphs(make())
+    op = _kernel_op(g)
+    with _x64():
         fn = jax_form(op, interpret=True)
         assert isinstance(fn, Kernel)
         traced = jax.make_jaxpr(fn)(*g.points, *g.data_values, *g.terms.row_values)
-    finally:
-        jax.config.update("jax_enable_x64", before)
     (call,) = [e for e in traced.jaxpr.eqns if e.primitive.name == "pallas_call"]
     body = call.params["jaxpr"]
     assert not body.constvars, "captured constants"
@@ -389,33 +399,30 @@ def test_the_rows_kernel_holds_only_what_triton_compiles(make):
 @pytest.mark.parametrize("make", HOISTED_MODELS, ids=lambda f: f.__name__)
 def test_what_the_rows_do_not_enter_is_computed_before_the_kernel(make):
     """A Student-t's and a Gamma's normalizing constants and their gradients
-    (lgamma and digamma of a parameter, which Triton does not compile) are
-    computed by XLA before the kernel, once per point; the kernel then holds
-    only what Triton compiles, and gives the batched graph's values."""
+    (lgamma and digamma of a parameter, which in every program made the
+    kernel slower than XLA) are computed by XLA before the kernel, once per
+    point; the kernel then holds only what Triton compiles, and gives the
+    batched graph's values."""
     import jax
 
     from synkhronos.pymc._kernel import HoistedKernel, _rewritten
 
-    rules = getattr(pytest.importorskip("jax._src.pallas.triton.lowering"), "triton_lowering_rules", None)
+    rules = _triton_rules()
     model = make()
     want, _ = _batched_graph_values(model, on_gpu=False)
     g = _RanksGraphs(model)
     op = _kernel_op(g)
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with _x64():
         kernel = HoistedKernel(_rewritten(op.single, "JAX"), op.n_params, op.n_data, interpret=True)
         args = (*g.points, *g.data_values, *g.terms.row_values)
         got, traced = kernel(*args), jax.make_jaxpr(kernel)(*args)
-    finally:
-        jax.config.update("jax_enable_x64", before)
     for a, w in zip(got if isinstance(got, (tuple, list)) else [got], want):
         np.testing.assert_allclose(np.asarray(a), w, rtol=1e-10, atol=1e-10)
     (call,) = [e for e in traced.jaxpr.eqns if e.primitive.name == "pallas_call"]
     # (which of the two PyTensor leaves to the parameters alone depends on its version)
     assert {"lgamma", "digamma"} & (_primitives(traced.jaxpr) - _primitives(call.params["jaxpr"]))
     if rules is not None:
-        assert _primitives(call.params["jaxpr"]) <= {p.name for p in rules}
+        assert _primitives(call.params["jaxpr"]) <= rules
 
 
 @pytest.mark.parametrize("make, hoisted", [(robust, True), (gamma_glm, True), (poisson, False),
@@ -425,17 +432,11 @@ def test_lgamma_of_the_parameters_alone_is_taken_out_of_the_kernel(make, hoisted
     Gamma's normalizing constants), the kernel is ``HoistedKernel`` (computed
     in every program, they made it slower than XLA on an H200); where only the
     rows do (a Poisson's log(y!)), or neither, the kernel as it is."""
-    import jax
-
     from synkhronos.pymc._kernel import HoistedKernel, Kernel, jax_form
 
     op = _kernel_op(_RanksGraphs(make()))
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
+    with _x64():
         fn = jax_form(op, interpret=True)
-    finally:
-        jax.config.update("jax_enable_x64", before)
     assert isinstance(fn, Kernel) and isinstance(fn, HoistedKernel) == hoisted
 
 

@@ -20,14 +20,17 @@ EDGES = [1e-300, 1e-8, 0.5, 1.0, 2.0, 7.999999, 8.0, 8.000001, 1e6, 1e39, 1e300,
          -9.000012, -20.999, np.inf]
 
 
-def _values(name, xv):
-    fn, ref = FUNCTIONS[name]
+@pytest.fixture(autouse=True, scope="module")
+def x64():
     before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
-    try:
-        got = np.asarray(jax.jit(fn)(xv))
-    finally:
-        jax.config.update("jax_enable_x64", before)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+def _values(name, xv):
+    fn, ref = FUNCTIONS[name]
+    got = np.asarray(jax.jit(fn)(xv))
     with np.errstate(all="ignore"):
         return got, ref(xv)
 

@@ -78,3 +78,31 @@ def numpy_glm(family, point, x, y, g=None):
     z = (y - eta) / sigma
     r = z / sigma
     return [(-0.5 * z**2).sum() - len(y) * point[2], x.T @ r, r.sum(), (z**2).sum() - len(y)]
+
+
+def check_many_sums(n, interpret, groups=20):
+    """An intercept per group among ``groups`` (``groups + 1`` partial sums a
+    point: the log-density and its gradient) over ``n`` rows: the kernel's
+    values are numpy's, from programs of ``WIDE_BLOCK`` rows."""
+    import jax
+
+    from synkhronos.pymc._kernel import Kernel, jax_form
+    from synkhronos.pymc._pallas import WIDE_BLOCK
+
+    x = pt.tensor("x", dtype="float64", shape=(None,))
+    g = pt.tensor("g", dtype="int64", shape=(None,))
+    a = pt.tensor("a", dtype="float64", shape=(groups,))
+    total = (-0.5 * (x - a[g]) ** 2).sum()
+    kernel = jax_form(kernel_op([a], [x, g], [total, pytensor.grad(total, a)]), interpret=interpret)
+    assert isinstance(kernel, Kernel) and kernel.interpret == interpret
+    rng = np.random.default_rng(n)
+    xv, gv = rng.standard_normal(n), rng.integers(0, groups, n)
+    av = rng.standard_normal((2, groups))
+    got = jax.jit(kernel)(av, xv, gv)
+    for k in range(2):
+        r = xv - av[k][gv]
+        np.testing.assert_allclose(np.asarray(got[0][k]), (-0.5 * r**2).sum(), rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(got[1][k]), np.bincount(gv, r, minlength=groups), rtol=1e-12,
+                                   atol=1e-12)
+    (call,) = [e for e in jax.make_jaxpr(kernel)(av, xv, gv).jaxpr.eqns if e.primitive.name == "pallas_call"]
+    assert call.outvars[0].aval.shape == (2 * (groups + 1), max(1, -(-n // WIDE_BLOCK)))

@@ -2,16 +2,15 @@
 
 The ranks' outputs are sums over rows (a log-density and its gradient), so a
 rank may compute them block by block and add the blocks up, as the master adds
-the ranks up: a block is a rank of a few hundred rows.  ``Interpreter`` walks
+the ranks up: a block is a rank of a few hundred or thousand rows.  ``Interpreter`` walks
 a rewritten graph of one point for one block, where every tensor is small but
 for its axis of rows (if it has one).  It keeps each tensor as a numpy array of
 *components*, one per index of its axes other than rows, each a JAX value: a
 vector of the block's rows, or a scalar.  A matrix product of the design matrix
 and the coefficients is then a sum of products of vectors, a sum over rows one
 reduction of a vector, and the whole graph one pass over the block's rows in
-registers (``_kernel`` runs it as a GPU kernel, one block per program).
-
-Rows past the end (the last block's) are read as zeros and left out of every
+registers (``_pallas`` runs it as a GPU kernel, one block per program).  Rows
+past the end (the last block's) are read as zeros and left out of every
 reduction over rows.  A graph with an Op not handled here, or with too many
 components, raises ``Unsupported``: the rank then compiles the graph as it is.
 """
@@ -143,15 +142,22 @@ class Interpreter:
         return [x]
 
     def _equal_row_counts(self, var):
-        """Whether ``var`` is ``Eq`` of two row counts (``Shape_i`` of an axis of rows)."""
+        """Whether ``var`` is ``Eq`` of two row counts."""
         while var.owner is not None and isinstance(var.owner.op, (ScalarFromTensor, TensorFromScalar)):
             var = var.owner.inputs[0]
         node = var.owner
         if node is None or not isinstance(getattr(node.op, "scalar_op", node.op), ps.EQ):
             return False
-        counts = [i.owner for i in node.inputs]
-        return all(c is not None and isinstance(c.op, Shape_i) and c.inputs[0] in self._env
-                   and self._env[c.inputs[0]].row == c.op.i for c in counts)
+        return all(self._row_count(i) for i in node.inputs)
+
+    def _row_count(self, var):
+        """Whether ``var`` is ``Shape_i`` of an axis of rows, through checks
+        of row counts (three tensors with rows broadcast together)."""
+        while var.owner is not None and isinstance(var.owner.op, Assert):
+            var = var.owner.inputs[0]
+        count = var.owner
+        return (count is not None and isinstance(count.op, Shape_i) and count.inputs[0] in self._env
+                and self._env[count.inputs[0]].row == count.op.i)
 
     def _dimshuffle(self, node, x):
         order = node.op.new_order
@@ -315,7 +321,7 @@ class Interpreter:
                 dims.append(1)
                 row = axis
             else:
-                dims.append(int(_constant_index(node.inputs[1 + axis])))
+                dims.append(_known_length(node.inputs[1 + axis], s))
         comps = value.comps.reshape((1,) * (len(dims) - value.comps.ndim) + value.comps.shape)
         comps = np.broadcast_to(comps, dims).copy()
         if row is not None:
@@ -327,7 +333,8 @@ class Interpreter:
     def _shape_i(self, node, x):
         if node.op.i == x.row:
             return [self._rows()]
-        raise Unsupported("the shape of a tensor without rows")  # (constant folding leaves none)
+        # (any other length is known at the trace: a parameter sized by dims)
+        return [Value(_scalar_comps(np.int64(x.comps.shape[node.op.i])))]
 
     def _rows(self):
         jnp = jnp_module()
@@ -372,6 +379,14 @@ def _at_group(g, k, groups):
 def _cast(v, dtype):
     jnp = jnp_module()
     return jnp.asarray(v).astype(dtype)
+
+
+def _known_length(var, value):
+    """``var``'s value (``value`` here): a constant, or a length (``_shape_i``)."""
+    comp = value.comps[()] if value.comps.shape == () else None
+    if isinstance(comp, (int, np.integer)) and not isinstance(comp, bool):
+        return int(comp)
+    return int(_constant_index(var))
 
 
 def _constant_index(entry):

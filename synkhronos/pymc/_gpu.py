@@ -61,9 +61,11 @@ __all__ = ["FEW", "GPU_FORMS", "ONE_EXP_SOFTPLUS", "OneExpSoftplus", "few_featur
 FEW = 16  # the most features (the small side's static length) written out
 
 
-def for_gpu_ranks(graph):
+def for_gpu_ranks(graph, shapes=None):
     """``graph`` (a ``RanksGraph``) in its GPU forms (``GPU_FORMS``) on GPU
-    ranks; as it is on CPU ranks."""
+    ranks; as it is on CPU ranks.  ``shapes``: one point's shape of each
+    parameter and datum (at the model's initial point), where the kernel
+    over the rows is tried on them."""
     if runtime.require().device.name != "gpu":
         return graph
     outputs = rewritten_in_turn(graph.outputs, *GPU_FORMS)
@@ -72,7 +74,7 @@ def for_gpu_ranks(graph):
         # softplus in the same form (products it sums row by row itself); it
         # replaces the batched graph only where it compiles here.
         single = rewritten_in_turn(graph.single, *ONE_EXP_SOFTPLUS)
-        kernel = rows_kernel(graph.params, graph.data, graph.rows, single, graph.inputs, outputs)
+        kernel = rows_kernel(graph.params, graph.data, graph.rows, single, graph.inputs, outputs, shapes)
         outputs = kernel if kernel_compiles(kernel[0].owner.op) else outputs
     return dataclasses.replace(graph, outputs=outputs)
 

@@ -12,6 +12,7 @@ from test_pymc import assert_same_density, float64_session, hierarchical, logist
 
 from synkhronos.pymc import data_parallel  # noqa: E402
 from synkhronos.pymc._loo import rows_op_of  # noqa: E402
+from synkhronos.pymc._pallas import BLOCK, WIDE_BLOCK  # noqa: E402
 
 pytestmark = pytest.mark.gpus(1)
 
@@ -81,7 +82,7 @@ def test_log_likelihood_and_posterior_predictive_on_a_gpu_rank(session, make):
     workflow.test_posterior_predictive_on_the_copy_draws_as_the_original(None, model)
 
 
-@pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 100_003])
+@pytest.mark.parametrize("n", [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 100_003])
 def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n):
     """GPU ranks compile a logistic regression's pass over its rows, a
     Normal's with an intercept per group, and a Normal linear regression's
@@ -109,15 +110,26 @@ def test_the_rows_kernel_compiles_on_the_gpu_and_gives_numpys_values(session, n)
                     np.testing.assert_allclose(np.asarray(g[k]), w, rtol=1e-10, atol=1e-10 * (n + 1))
 
 
+@pytest.mark.parametrize("n", [WIDE_BLOCK - 1, WIDE_BLOCK + 1, 100_003])
+def test_a_kernel_of_many_partial_sums_compiles_with_wider_blocks(session, n):
+    """An intercept per group among 20 (21 partial sums a point): Triton
+    compiles programs of ``WIDE_BLOCK`` rows, numpy's values."""
+    import _pymc_glm as unit
+
+    unit.check_many_sums(n, interpret=False)
+
+
 @pytest.mark.parametrize("name", ["normal", "two_likelihoods", "rows_of_three", "potential",
-                                  "deterministics", "robust", "gamma_glm", "binomial_trials", "poisson"])
+                                  "deterministics", "robust", "gamma_glm", "binomial_trials", "poisson",
+                                  "varying_slopes"])
 def test_models_of_the_zoo_run_as_one_kernel_on_the_gpu(session, name):
     """The first model of every tutorial (a Normal with mean and sigma: its
     log-density counts the rows, a cast), two likelihoods, rows of three, a
     potential, deterministics, a Student-t and a Gamma GLM (lgamma and digamma
-    of a parameter), a binomial with each row's trials and a Poisson GLM
-    (lgamma of each row): Triton compiles each rank's pass over its rows as
-    one kernel, with the batched graph's values (on the host)."""
+    of a parameter), a binomial with each row's trials, a Poisson GLM
+    (lgamma of each row) and varying slopes (coefficients sized by the
+    model's dims): Triton compiles each rank's pass over its rows as one
+    kernel, with the batched graph's values (on the host)."""
     import test_pymc_zoo as zoo
 
     model = getattr(zoo, name)()
@@ -126,7 +138,20 @@ def test_models_of_the_zoo_run_as_one_kernel_on_the_gpu(session, name):
     assert kernel, "the batched graph, not the kernel"
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
-    assert_same_density(model, data_parallel(model))
+    copy = data_parallel(model)
+    assert _ranks_take_the_kernel(copy), "data_parallel gave the ranks the batched graph"
+    assert_same_density(model, copy)
+
+
+def _ranks_take_the_kernel(copy):
+    """Whether the ranks' graph of ``copy`` holds the rows kernel (which
+    ``data_parallel`` puts there only where it compiled on the GPU)."""
+    from pytensor.graph.traversal import apply_ancestors
+
+    from synkhronos.pymc._kernel import RowsKernel
+
+    outputs = rows_op_of(copy)[0].evaluator.fn._core.outputs
+    return any(isinstance(node.op, RowsKernel) for node in apply_ancestors(outputs))
 
 
 @pytest.mark.parametrize("name", ["robust", "gamma_glm"])

@@ -206,9 +206,10 @@ MODELS = [varying_slopes, robust, zero_inflated, multinomial_logit, gamma_glm, b
 # Graphs with an Op that PyTensor cannot give a leading axis of points: one point at a time.
 UNBATCHED = (zero_inflated, multinomial_logit, mvnormal)
 # Graphs the GPU ranks' rows kernel takes (lgamma and digamma by _special's
-# series; not the censored Normal's erfc, nor a shape known only at the call).
+# series; coefficients sized by the model's dims, at their length when split;
+# not the censored Normal's erfc).
 KERNEL_MODELS = (normal, two_likelihoods, rows_of_three, potential, deterministics, robust, gamma_glm,
-                 binomial_trials, poisson)
+                 binomial_trials, poisson, varying_slopes)
 # ... of which these take it with what the rows do not enter computed before it
 # (``HoistedKernel``): lgamma and digamma of a parameter.
 HOISTED_MODELS = (robust, gamma_glm)
@@ -273,9 +274,9 @@ class _RanksGraphs:
         self.data_values = [d.get_value() for d in self.terms.data]
 
 
-def _batched_graph_values(model, on_gpu):
+def _batched_graph_values(model, on_gpu, points=None):
     """The ranks' batched graph of ``model`` (for GPU ranks or CPU ranks) at
-    ``_RanksGraphs``' points; and its graph.  (Run by PyTensor's Python linker:
+    ``_RanksGraphs``' points (or ``points``); and its graph.  (Run by PyTensor's Python linker:
     PyTensor's JAX mode alone, without the ranks' static shapes, fails on some
     of these graphs at random.)"""
     import pytensor
@@ -288,7 +289,7 @@ def _batched_graph_values(model, on_gpu):
         shared.set_value(value)
     outputs = rewritten_in_turn(g.outputs, *GPU_FORMS) if on_gpu else g.outputs
     fn = pytensor.function(g.stacked + g.data, outputs, mode=pytensor.compile.mode.Mode("py", "fast_run"))
-    return [np.asarray(o) for o in fn(*g.points, *g.data_values)], outputs
+    return [np.asarray(o) for o in fn(*(g.points if points is None else points), *g.data_values)], outputs
 
 
 @pytest.mark.parametrize("make", [m for m in MODELS if m not in UNBATCHED] + [lambda: logistic(N)],
@@ -446,7 +447,8 @@ def _kernel_op(g):
     from synkhronos.pymc._kernel import rows_kernel
 
     single, batched = rewritten_in_turn(g.single, *ONE_EXP_SOFTPLUS), rewritten_in_turn(g.outputs, *GPU_FORMS)
-    return rows_kernel(g.params, g.data, g.shareds, single, g.stacked, batched)[0].owner.op
+    shapes = [p.shape[1:] for p in g.points] + [np.shape(d) for d in g.data_values]  # (as data_parallel's)
+    return rows_kernel(g.params, g.data, g.shareds, single, g.stacked, batched, shapes)[0].owner.op
 
 
 def _primitives(jaxpr):
@@ -460,6 +462,32 @@ def _primitives(jaxpr):
                 if hasattr(inner, "eqns"):
                     found |= _primitives(inner)
     return found
+
+
+def test_coefficients_sized_by_the_models_dims_take_the_kernel_at_any_count_of_groups():
+    """Varying slopes: a coefficient per county, sized by the model's dims, so
+    its type's length is open.  The kernel is tried at its length when split
+    (6), and traced again at another (8); past what the kernel's walk picks
+    among (``MAX_GROUPS``) the batched graph computes the call instead.  The
+    batched graph's values each time."""
+    from synkhronos.pymc._blocks import MAX_GROUPS
+    from synkhronos.pymc._kernel import Kernel, jax_form
+
+    model = varying_slopes()
+    g = _RanksGraphs(model)
+    with _x64():
+        fn = jax_form(_kernel_op(g), interpret=True)
+        assert isinstance(fn, Kernel)
+        batched, instead = fn.instead(), []
+        fn.instead = lambda: instead.append(True) or batched
+        for groups, falls_back in ((8, False), (MAX_GROUPS + 1, True)):
+            points = [np.pad(p, ((0, 0), (0, groups - p.shape[1])), constant_values=0.2) if p.ndim == 2 else p
+                      for p in g.points]
+            got = fn(*points, *g.data_values, *g.terms.row_values)
+            want, _ = _batched_graph_values(model, on_gpu=False, points=points)
+            for a, w in zip(got, want):
+                np.testing.assert_allclose(np.asarray(a), w, rtol=1e-10, atol=1e-10)
+            assert instead == [True] * falls_back, groups
 
 
 def test_the_rows_kernel_takes_a_column_of_ones_as_a_constant():

@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 jax = pytest.importorskip("jax")
 
-from _pymc_glm import draw_rows, glm, kernel_op, numpy_glm  # noqa: E402
+from _pymc_glm import check_many_sums, draw_rows, glm, kernel_op, numpy_glm  # noqa: E402
 
 from synkhronos.pymc._blocks import MAX_GROUPS  # noqa: E402
 from synkhronos.pymc._kernel import BLOCK, Kernel, jax_form  # noqa: E402
+from synkhronos.pymc._pallas import MANY_SUMS, WIDE_BLOCK, rows_per_program  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -73,6 +74,14 @@ def test_an_unsigned_group_index_gives_numpys_values(n):
         want = numpy_glm("groups", [s[k] for s in stacked], *values)
         for g, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(g[k]), w, rtol=1e-10, atol=1e-10 * (n + 1))
+
+
+@pytest.mark.parametrize("n", [1, WIDE_BLOCK - 1, WIDE_BLOCK, WIDE_BLOCK + 1, 2 * WIDE_BLOCK + 3])
+def test_a_kernel_of_many_partial_sums_reads_wider_blocks(n):
+    """An intercept per group among 20 (21 partial sums a point): programs
+    of ``WIDE_BLOCK`` rows, numpy's values at row counts around it."""
+    assert rows_per_program(21) == WIDE_BLOCK and 21 > MANY_SUMS and WIDE_BLOCK != BLOCK
+    check_many_sums(n, interpret=True)
 
 
 def test_an_op_it_does_not_handle_falls_back_to_the_batched_graph(caplog):

@@ -17,8 +17,8 @@ This module is the entry point: :func:`write_plot`, :func:`benchmark_name`,
 :func:`png_path` and the ``PLOTTERS`` table.  The plotting functions live in
 ``_plots_gpu`` (resnet50_scaling, resnet50_profile, gpu_scaling, collectives,
 bf16_loss_curve), ``_plots_cpu`` (cpu_scaling, cpu_backends, call_overhead, soak,
-mpi_collectives, session_start) and ``_plots_pymc`` (pymc_likelihood, jax_batched_forms), the
-figure and caption helpers with ``FIGSIZE`` and ``DPI`` in ``_plot_common``; all of
+mpi_collectives, session_start) and ``_plots_pymc`` (pymc_likelihood, jax_batched_forms,
+rows_kernel_blocks), the figure and caption helpers with ``FIGSIZE`` and ``DPI`` in ``_plot_common``; all of
 them are re-exported here.  None of them imports a benchmark script: a picture is
 drawn from the payload alone, so ``plot.py`` redraws it without the script's
 dependencies.
@@ -43,7 +43,13 @@ from _plots_gpu import (
     plot_resnet50_profile,
     plot_resnet50_scaling,
 )
-from _plots_pymc import plot_jax_batched_forms, plot_pymc_libraries, plot_pymc_likelihood, plot_pymc_loo
+from _plots_pymc import (
+    plot_jax_batched_forms,
+    plot_pymc_libraries,
+    plot_pymc_likelihood,
+    plot_pymc_loo,
+    plot_rows_kernel_blocks,
+)
 from _plots_timeline import plot_call_timeline
 
 __all__ = [
@@ -65,6 +71,7 @@ __all__ = [
     "plot_pymc_loo",
     "plot_resnet50_profile",
     "plot_resnet50_scaling",
+    "plot_rows_kernel_blocks",
     "plot_session_start",
     "plot_soak",
     "png_path",
@@ -87,6 +94,7 @@ PLOTTERS = {
     "pymc_libraries": plot_pymc_libraries,
     "pymc_loo": plot_pymc_loo,
     "resnet50_profile": plot_resnet50_profile,
+    "rows_kernel_blocks": plot_rows_kernel_blocks,
     "rows_kernel_forms": plot_jax_batched_forms,
     "resnet50_scaling": plot_resnet50_scaling,
     "session_start": plot_session_start,

@@ -1,5 +1,5 @@
-"""Pictures of the PyMC benchmarks: ``pymc_likelihood``, ``pymc_loo``, ``pymc_libraries``
-and ``jax_batched_forms`` (the JAX forms behind docs/pymc.md's note on what is left to
+"""Pictures of the PyMC benchmarks: ``pymc_likelihood``, ``pymc_loo``, ``pymc_libraries``,
+``rows_kernel_blocks`` and ``jax_batched_forms`` (the JAX forms behind docs/pymc.md's note on what is left to
 gain on a GPU).
 
 Each function takes the payload its script wrote (as read back from JSON) and the
@@ -12,7 +12,8 @@ is imported inside the functions; no pyplot.
 
 from _plot_common import DPI
 
-__all__ = ["plot_jax_batched_forms", "plot_pymc_libraries", "plot_pymc_likelihood", "plot_pymc_loo"]
+__all__ = ["plot_jax_batched_forms", "plot_pymc_libraries", "plot_pymc_likelihood", "plot_pymc_loo",
+           "plot_rows_kernel_blocks"]
 
 
 def _figure(nrows, ncols, size):
@@ -232,4 +233,38 @@ def plot_pymc_libraries(payload, png):
     title = "Library models on %s CPU ranks, %s rows, float64 (%s, %s)" % (
         s.get("ranks"), s.get("rows"), m.get("cpu_model"), (m.get("time") or "")[:10])
     ax.set_title(title, fontsize=9)
+    return _save(fig, png)
+
+
+# --------------------------------------------------------- rows_kernel_blocks
+def plot_rows_kernel_blocks(payload, png):
+    """ms per run of the ranks against the rows a program, for 1 and 4
+    points, one panel per model; the kernel's own choice marked, the batched
+    graph through XLA (block 0) beside them.
+
+    Parameters
+    ----------
+    payload : dict
+        What ``rows_kernel_blocks.py`` wrote: ``records`` (model, sums, block,
+        chosen, ms_1, ms_4), ``rows``, ``device`` and ``jax``.
+    png : str
+
+    Returns
+    -------
+    str
+        ``png``.
+    """
+    records = payload["records"]
+    models = list(dict.fromkeys(r["model"] for r in records))
+    fig, axes = _figure(1, len(models), (3.6 * len(models), 4.0))
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in records if r["model"] == model]
+        labels = ["XLA" if not r["block"] else "%d%s" % (r["block"], "*" if r["chosen"] else "")
+                  for r in mine]
+        _bars(ax, labels, [("1 point", [r["ms_1"] for r in mine]), ("4 points", [r["ms_4"] for r in mine])])
+        ax.set(xlabel="rows a program", ylabel="ms per run of the ranks",
+               title="%s (%d sums a point)" % (model, mine[0]["sums"]))
+    fig.suptitle("Rows kernel block sizes, %g float64 rows, one %s (jax %s); * the kernel's choice, "
+                 "XLA: the batched graph, no kernel" % (payload["rows"], payload["device"], payload["jax"]),
+                 fontsize=10)
     return _save(fig, png)

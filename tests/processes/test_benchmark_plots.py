@@ -218,6 +218,27 @@ def test_pymc_libraries_draws_its_payload(tmp_path):
     assert os.path.getsize(out[:-5] + ".png") > 10_000
 
 
+def test_rows_kernel_blocks_draws_its_payload(tmp_path):
+    """The block sizes' picture from a payload as the script writes it (the
+    script needs a GPU), drawn again by plot.py from the JSON alone; the
+    script's models are the PyMC models it names."""
+    pm = pytest.importorskip("pymc")
+    script = _script("rows_kernel_blocks")
+    for name in script.MODELS:
+        assert isinstance(script.build(name, 50), pm.Model)
+    records = [{"model": m, "sums": sums, "block": b, "chosen": b == chosen, "ms_1": 0.3 + b / 1e4,
+                "ms_4": 0.9 + b / 1e4} for m, sums, chosen in (("logistic", 7, 256), ("slopes", 42, 1024))
+               for b in script.BLOCKS + (script.XLA,)]
+    out = str(tmp_path / "rows_kernel_blocks.json")
+    _common.write_results(out, {"benchmark": "rows_kernel_blocks", "machine": _machine(), "rows": 1e7,
+                                "device": "NVIDIA H200", "jax": "0.11.2", "records": records})
+    png = out[:-5] + ".png"
+    assert os.path.getsize(png) > 10_000
+    os.remove(png)
+    _run_ok(os.path.join(BENCH, "plot.py"), out)
+    assert os.path.getsize(png) > 10_000
+
+
 def test_mpi_collectives_writes_png(tmp_path):
     """Runs for real at its smallest settings: raw mpi4py, synk under mpirun, synk on one host."""
     from _mpirun import MPIRUN

@@ -7,6 +7,7 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 import pytest
+from _jax64 import jax_x64
 
 import synkhronos as synk
 
@@ -16,12 +17,11 @@ jax = pytest.importorskip("jax")
 @pytest.fixture
 def x64():
     """floatX float64 and JAX's 64-bit mode, as ``fork()`` sets them then."""
-    before = pytensor.config.floatX, jax.config.jax_enable_x64
+    before = pytensor.config.floatX
     pytensor.config.floatX = "float64"
-    jax.config.update("jax_enable_x64", True)
-    yield
-    pytensor.config.floatX = before[0]
-    jax.config.update("jax_enable_x64", before[1])
+    with jax_x64():
+        yield
+    pytensor.config.floatX = before
 
 
 def _ones_after_a_large_value():

@@ -4,7 +4,6 @@ gradient at random points; those that cannot be split are refused by name, and
 the session goes on.  Runs on both PyMC lines: PyMC 5 (PyTensor 2.38) and
 PyMC 6 (PyTensor 3.3)."""
 
-import contextlib
 import threading
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 pm = pytest.importorskip("pymc")
 
 import pytensor.tensor as pt  # noqa: E402
+from _jax64 import jax_x64  # noqa: E402
 from pytensor.graph.basic import Apply  # noqa: E402
 from pytensor.graph.op import Op  # noqa: E402
 from test_pymc import assert_same_density, float64_session, logistic  # noqa: E402
@@ -317,19 +317,6 @@ def test_the_gpu_ranks_batched_graph_gives_the_same_values(make):
         assert softplus == {OneExpSoftplus}, softplus
 
 
-@contextlib.contextmanager
-def _x64():
-    """JAX's 64-bit mode within (the ranks' in float64), put back after."""
-    import jax
-
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", before)
-
-
 def _triton_rules():
     """The primitives Pallas lowers to Triton (JAX's own table, private), or
     None where this JAX keeps it elsewhere."""
@@ -346,7 +333,7 @@ def _rows_kernel_values(model, interpret=True):
 
     g = _RanksGraphs(model)
     op = _kernel_op(g)
-    with _x64():
+    with jax_x64():
         fn = jax_form(op, interpret=interpret)
         got = fn(*g.points, *g.data_values, *g.terms.row_values)
     got = got if isinstance(got, (tuple, list)) else [got]
@@ -387,7 +374,7 @@ def test_the_rows_kernel_holds_only_what_triton_compiles(make):
         pytest.skip("this JAX keeps Pallas's Triton lowering rules elsewhere")
     g = _RanksGraphs(make())
     op = _kernel_op(g)
-    with _x64():
+    with jax_x64():
         fn = jax_form(op, interpret=True)
         assert isinstance(fn, Kernel)
         traced = jax.make_jaxpr(fn)(*g.points, *g.data_values, *g.terms.row_values)
@@ -413,7 +400,7 @@ def test_what_the_rows_do_not_enter_is_computed_before_the_kernel(make):
     want, _ = _batched_graph_values(model, on_gpu=False)
     g = _RanksGraphs(model)
     op = _kernel_op(g)
-    with _x64():
+    with jax_x64():
         kernel = HoistedKernel(_rewritten(op.single, "JAX"), op.n_params, op.n_data, interpret=True)
         args = (*g.points, *g.data_values, *g.terms.row_values)
         got, traced = kernel(*args), jax.make_jaxpr(kernel)(*args)
@@ -436,7 +423,7 @@ def test_lgamma_of_the_parameters_alone_is_taken_out_of_the_kernel(make, hoisted
     from synkhronos.pymc._kernel import HoistedKernel, Kernel, jax_form
 
     op = _kernel_op(_RanksGraphs(make()))
-    with _x64():
+    with jax_x64():
         fn = jax_form(op, interpret=True)
     assert isinstance(fn, Kernel) and isinstance(fn, HoistedKernel) == hoisted
 
@@ -475,7 +462,7 @@ def test_coefficients_sized_by_the_models_dims_take_the_kernel_at_any_count_of_g
 
     model = varying_slopes()
     g = _RanksGraphs(model)
-    with _x64():
+    with jax_x64():
         fn = jax_form(_kernel_op(g), interpret=True)
         assert isinstance(fn, Kernel)
         batched, instead = fn.instead(), []
@@ -679,7 +666,8 @@ def test_batched_graphs_on_jax_ranks_as_users_get_them(tmp_path):
     pytest.importorskip("jax")
     names = ["normal", "two_likelihoods", "rows_of_three", "gamma_glm"]
     env = {k: v for k, v in os.environ.items() if k != "PYTENSOR_FLAGS"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    here = os.path.dirname(os.path.abspath(__file__))  # (and tests/, as pytest's pythonpath has them)
+    env["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _ON_JAX_RANKS, *names], capture_output=True, text=True,
                           timeout=240, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 pytest.importorskip("arviz")
 
+from _jax64 import jax_x64  # noqa: E402
+
 from synkhronos.pymc._psis import arviz_major, arviz_rows, arviz_stats_rows  # noqa: E402
 from synkhronos.pymc._psis_block import smoothed_loo, tail_length  # noqa: E402
 
@@ -121,12 +123,8 @@ ROWS = 12  # every block padded to this many rows: one compilation per draw coun
 
 @pytest.fixture(scope="module")
 def x64():
-    import jax
-
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+    with jax_x64():
+        yield
 
 
 def _device_form():

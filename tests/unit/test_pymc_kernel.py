@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 jax = pytest.importorskip("jax")
 
+from _jax64 import jax_x64  # noqa: E402
 from _pymc_glm import check_many_sums, draw_rows, glm, kernel_op, numpy_glm  # noqa: E402
 
 from synkhronos.pymc._blocks import MAX_GROUPS  # noqa: E402
@@ -29,10 +30,8 @@ from synkhronos.pymc._pallas import MANY_SUMS, WIDE_BLOCK, rows_per_program  # n
 
 @pytest.fixture(autouse=True, scope="module")
 def x64():
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+    with jax_x64():
+        yield
 
 
 @settings(max_examples=15, deadline=None)

@@ -13,6 +13,8 @@ from hypothesis.extra import numpy as hnp
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 jax = pytest.importorskip("jax")
 
+from _jax64 import jax_x64  # noqa: E402
+
 from synkhronos.pymc import _special  # noqa: E402
 
 FUNCTIONS = {"lgamma": (_special.lgamma, sp.gammaln), "digamma": (_special.digamma, sp.digamma)}
@@ -22,10 +24,8 @@ EDGES = [1e-300, 1e-8, 0.5, 1.0, 2.0, 7.999999, 8.0, 8.000001, 1e6, 1e39, 1e300,
 
 @pytest.fixture(autouse=True, scope="module")
 def x64():
-    before = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+    with jax_x64():
+        yield
 
 
 def _values(name, xv):

@@ -204,8 +204,13 @@ def mpirun_host_per_rank(n, cmd, options=(), ranks_per_host=1):
 
 
 def write_json(path, payload):
+    """Write ``payload`` to ``path``; its ``args`` keep the output's file name
+    only (the results are shared, the folder they were written to is not)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
+    args = payload.get("args")
+    if isinstance(args, dict) and isinstance(args.get("out"), str):
+        payload = dict(payload, args=dict(args, out=os.path.basename(args["out"])))
     with open(path, "w") as f:
         json.dump(payload, f, indent=2, sort_keys=False, default=str)
         f.write("\n")

@@ -184,6 +184,26 @@ def rows_of_three():
     return m
 
 
+def normal_mixture():
+    """Two Normal components: the log-density joins the components' along an
+    axis and takes their log-sum-exp, as a zero-inflated count's does (not in
+    ``MODELS``: PyTensor 2.38, PyMC 5's, cannot vectorize its graph at all)."""
+    rng = _rng(20)
+    y = np.where(rng.random(N) < 0.3, rng.normal(-2, 1, N), rng.normal(2, 1, N))
+    with pm.Model() as m:
+        w = pm.Dirichlet("w", np.ones(2))
+        mu = pm.Normal("mu", 0, 5, shape=2)
+        s = pm.HalfNormal("s", 2, shape=2)
+        pm.NormalMixture("y", w=w, mu=mu, sigma=s, observed=y)
+    return m
+
+
+def _vectorizes_mixtures():
+    import pytensor
+
+    return int(pytensor.__version__.split(".")[0]) >= 3
+
+
 def deterministics():
     """Deterministics of the parameters in the likelihood, as pymc-marketing's
     BetaGeo model has them (PyMC leaves each a ViewOp in the log-density)."""
@@ -204,7 +224,7 @@ MODELS = [varying_slopes, robust, zero_inflated, multinomial_logit, gamma_glm, b
 
 
 # Graphs with an Op that PyTensor cannot give a leading axis of points: one point at a time.
-UNBATCHED = (zero_inflated, multinomial_logit, mvnormal)
+UNBATCHED = (multinomial_logit, mvnormal)
 # Graphs the GPU ranks' rows kernel takes (lgamma and digamma by _special's
 # series; coefficients sized by the model's dims, at their length when split;
 # not the censored Normal's erfc).
@@ -618,6 +638,16 @@ def a_draw_in_the_likelihood():
     return m
 
 
+def test_a_mixture_is_batched_and_gives_pymcs_logp_and_gradient(session):
+    """A Normal mixture's components, joined and log-sum-exped, take a leading
+    axis of points (``_vectorized.unlooped_axes``) where PyTensor vectorizes the
+    graph; one point a call where it does not; PyMC's values either way."""
+    model = normal_mixture()
+    split = data_parallel(model, batch=True)
+    assert rows_op_of(split)[0].evaluator.batched == _vectorizes_mixtures()
+    assert_same_density(model, split)
+
+
 @pytest.mark.parametrize("make, match", [
     (custom_dist, "'y': the log-density cannot be computed on part of the rows.*fixes the number of rows"),
     (a_potential_not_over_rows, "no observed variables, nor a potential that sums over rows"),
@@ -657,18 +687,20 @@ def test_batched_graphs_on_jax_ranks_as_users_get_them(tmp_path):
     """With PyTensor's own defaults, not the suite's flags (CPU ranks
     compile with JAX, points batched): the models whose batched graph asserted
     one row per rank (a Normal with a scalar sigma, alone, beside a shorter
-    likelihood, or over rows of three columns) or took minutes to build (a
-    Gamma GLM) give PyMC's logp and gradient."""
+    likelihood, or over rows of three columns), took minutes to build (a
+    Gamma GLM) or was not batched (a zero-inflated count, a Normal mixture)
+    give PyMC's logp and gradient."""
     import os
     import subprocess
     import sys
 
     pytest.importorskip("jax")
-    names = ["normal", "two_likelihoods", "rows_of_three", "gamma_glm"]
+    names = ["normal", "two_likelihoods", "rows_of_three", "gamma_glm", "zero_inflated"]
+    names += ["normal_mixture"] * _vectorizes_mixtures()
     env = {k: v for k, v in os.environ.items() if k != "PYTENSOR_FLAGS"}
     here = os.path.dirname(os.path.abspath(__file__))  # (and tests/, as pytest's pythonpath has them)
     env["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _ON_JAX_RANKS, *names], capture_output=True, text=True,
-                          timeout=240, env=env, cwd=tmp_path)
+                          timeout=480, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.split() == [w for n in names for w in ("ok", n)]

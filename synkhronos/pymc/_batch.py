@@ -56,6 +56,7 @@ class Batcher:
         self._returns = Returns(linger)
         self.sizes = collections.Counter()  # points in one run -> runs (read by tests and benchmarks)
         self.lingered_s = 0.0  # time runs waited for chains, all told (read by tests and benchmarks)
+        self.waits = 0  # runs that waited for a chain (read by tests: the scheduler adds no runs)
 
     def evaluate(self, point):
         return self.evaluate_many([point])[0]
@@ -88,12 +89,14 @@ class Batcher:
         late, or the linger is over."""
         start = time.monotonic()
         expected, until = self._returns.expected(start)
+        expected.difference_update(r.caller for r in self._pending)
+        self.waits += bool(expected)
         while expected:
-            expected.difference_update(r.caller for r in self._pending)
             left = until - time.monotonic()
-            if not expected or left <= 0:
+            if left <= 0:
                 break
             self._cond.wait(left)
+            expected.difference_update(r.caller for r in self._pending)
         self.lingered_s += time.monotonic() - start
 
     def _lead(self, batch):

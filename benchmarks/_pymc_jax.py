@@ -26,6 +26,7 @@ __all__ = ["jax_child", "jax_per_eval_rows"]
 def _jax_logp(kind, layout):
     """The model's log-density (priors, transforms, likelihood) in ``jax.numpy``,
     of a raveled point laid out as PyMC ravels it."""
+    import jax
     import jax.numpy as jnp
     from jax.nn import softplus
 
@@ -42,6 +43,12 @@ def _jax_logp(kind, layout):
 
     def logp(q, x, y, g):
         p = unravel(q)
+        if kind == "multinomial":  # w ~ Normal(0, 1); Categorical(softmax([0, x @ w]))
+            w = p["w"]
+            eta = jnp.concatenate([jnp.zeros((x.shape[0], 1)), x @ w], axis=1)
+            picked = jnp.take_along_axis(eta, y.astype(jnp.int32)[:, None], axis=1)[:, 0]
+            return (jnp.sum(-0.5 * w ** 2) - w.size * half_log_2pi
+                    + jnp.sum(picked - jax.nn.logsumexp(eta, axis=1)))
         beta = p["beta"]
         lp = jnp.sum(-0.5 * beta ** 2) - beta.size * half_log_2pi
         if kind == "logistic":
@@ -72,7 +79,7 @@ def jax_child(args):
     q, layout = raveled_point(build(kind, 100, args.features))  # the layout does not depend on the rows
     logp = _jax_logp(kind, layout)
     data = (jax.device_put(x), jax.device_put(y.astype(np.float64)),
-            None if kind == "logistic" else jax.device_put(g))
+            None if kind != "hierarchical" else jax.device_put(g))
     one = jax.jit(jax.value_and_grad(logp))
     four = jax.jit(jax.vmap(jax.value_and_grad(logp), in_axes=(0, None, None, None)))
     res = {name: _timed(jax, f, host, data, args.evals)

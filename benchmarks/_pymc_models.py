@@ -1,7 +1,9 @@
 """The models of ``pymc_likelihood.py`` and how NUTS evaluates them.
 
-A logistic regression (``features`` features) and a hierarchical logistic
-regression (``GROUPS`` groups, 3 features) over float64 ``pm.Data``; the points
+A logistic regression (``features`` features), a hierarchical logistic
+regression (``GROUPS`` groups, 3 features) and a multinomial logit (3 classes,
+3 features, the first class's coefficients fixed at 0) over float64
+``pm.Data``; the points
 NUTS passes (raveled, as ``DictToArrayBijection`` lays them out); PyMC's
 ``logp_dlogp_function`` on such a point, and its median time per call.  Every
 part of the benchmark (per evaluation, sampling, the hand-written JAX peer)
@@ -18,24 +20,37 @@ GROUPS = 20
 
 
 def make_data(kind, rows, features=5, seed=0):
-    """``(x, g, y)``: the float64 features, the group of each row, the 0/1 outcomes."""
+    """``(x, g, y)``: the float64 features, the group of each row, the outcomes
+    (0/1; a class of 3 for the multinomial logit)."""
     rng = np.random.default_rng(seed)
     k = features if kind == "logistic" else 3
     x = rng.standard_normal((rows, k))
     g = rng.integers(0, GROUPS, rows)
+    if kind == "multinomial":
+        eta = np.concatenate([np.zeros((rows, 1)), x @ np.linspace(-1, 1, 2 * k).reshape(k, 2)], axis=1)
+        p = np.exp(eta - eta.max(axis=1, keepdims=True))
+        cum = (p / p.sum(axis=1, keepdims=True)).cumsum(axis=1)
+        return x, g, (rng.random((rows, 1)) > cum[:, :-1]).sum(axis=1).astype("int64")
     eta = x @ np.linspace(-1, 1, k) + (0.3 * (g % 4) if kind == "hierarchical" else 0.2)
     y = (rng.random(rows) < 1 / (1 + np.exp(-eta))).astype("int64")
     return x, g, y
 
 
 def build(kind, rows, features=5, seed=0):
-    """The PyMC model ``kind`` ("logistic" or "hierarchical") over ``make_data``'s rows."""
+    """The PyMC model ``kind`` ("logistic", "hierarchical" or "multinomial") over
+    ``make_data``'s rows."""
     import pymc as pm
+    import pytensor.tensor as pt
 
     x, g, y = make_data(kind, rows, features, seed)
     k = x.shape[1]
     with pm.Model() as model:
         xd = pm.Data("x", x)
+        if kind == "multinomial":
+            w = pm.Normal("w", 0, 1, shape=(k, 2))
+            eta = pt.concatenate([pt.zeros((xd.shape[0], 1)), xd @ w], axis=1)
+            pm.Categorical("y", p=pm.math.softmax(eta, axis=1), observed=y)
+            return model
         beta = pm.Normal("beta", 0, 1, shape=k)
         if kind == "logistic":
             alpha = pm.Normal("alpha", 0, 1)

@@ -3,9 +3,10 @@ function in one process against ``synkhronos.pymc.data_parallel`` on 1, 2, 4
 ranks; with ``--sample``, samplers' wall time on the plain model and on the copy,
 with the posteriors side by side, and the copy per evaluation against JAX.
 
-Models: a logistic regression (``--features`` features, default 5) and a
-hierarchical logistic regression (20 groups, 3 features), over ``--rows`` rows of
-float64 ``pm.Data``.  Every evaluation is PyMC's ``logp_dlogp_function`` (what NUTS
+Models (``--models``): a logistic regression (``--features`` features, default
+5), a hierarchical logistic regression (20 groups, 3 features) and a
+multinomial logit (``multinomial``: 3 classes, 3 features), over ``--rows`` rows
+of float64 ``pm.Data``.  Every evaluation is PyMC's ``logp_dlogp_function`` (what NUTS
 calls), on a raveled point.  The PyMC baseline is timed in this process, outside
 any Synkhronos session (its default BLAS threads), before each rank count: the
 speedup divides by the mean of the baselines timed next to it.  Both sides compute

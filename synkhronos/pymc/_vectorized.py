@@ -36,14 +36,14 @@ from pytensor.scalar.basic import GE, LE, Add, Exp, Switch
 from pytensor.scalar.math import Sigmoid
 from pytensor.tensor import cast, eq, invert, isnan, prod, squeeze, switch
 from pytensor.tensor.basic import Alloc, alloc
-from pytensor.tensor.blockwise import Blockwise
 from pytensor.tensor.elemwise import CAReduce, Elemwise
 
 from .._graph.editing import continuous, rewritten, scalar_constant
 from .._session import runtime
 from ._gradient import gradient, parameter_checks
+from ._unlooped import shape_unlooping, unlooping
 
-__all__ = ["bounded_checks", "jax_compiles", "summed_checks", "unlooped_axes", "unlooped_views", "vectorized"]
+__all__ = ["bounded_checks", "jax_compiles", "summed_checks", "vectorized"]
 
 logger = logging.getLogger("synkhronos")
 
@@ -100,7 +100,10 @@ def _batched(params, single, totals, check_bounds):
     products (a GLM's); otherwise ``totals`` (each term's log-density, checks
     not compiled) vectorized and differentiated, which batches more graphs (varying
     slopes, say) but gives 0, not PyMC's value, for the gradient at a point out of
-    a parameter's domain, and ran slower on a GPU (docs page "PyMC")."""
+    a parameter's domain, and ran slower on a GPU (docs page "PyMC"); where that
+    loops still, the same with the shapes taken once per point made one
+    (``_unlooped.shape_unlooping``: a multinomial logit).  Graphs batched by the
+    ways before do not meet the last one's rewrites."""
     import pytensor.tensor as pt
     from pytensor.graph.replace import vectorize_graph
 
@@ -109,12 +112,13 @@ def _batched(params, single, totals, check_bounds):
     stacked = [pt.TensorType(p.dtype, shape=(None,) + p.type.shape)(name=p.name) for p in params]
     replace = dict(zip(params, stacked))
     try:
-        outputs = rewritten(vectorize_graph(single, replace=replace), *_unlooping())
+        outputs = rewritten(vectorize_graph(single, replace=replace), *unlooping())
         if _looped(outputs):
             outputs = _core_products(outputs)
-        if _looped(outputs):
-            batched = rewritten(vectorize_graph(list(totals), replace=replace), *_unlooping())
-            outputs = _differentiated(batched, params, stacked, check_bounds)
+        for rules in (unlooping(), shape_unlooping()):
+            if _looped(outputs):
+                batched = rewritten(vectorize_graph(list(totals), replace=replace), *rules)
+                outputs = rewritten(_differentiated(batched, params, stacked, check_bounds), *rules)
     except Exception as exc:
         why = "%s: %s" % (type(exc).__name__, exc)
     else:
@@ -164,87 +168,6 @@ def _looped(outputs):
     from pytensor.tensor.blockwise import Blockwise
 
     return sorted({str(n.op.core_op) for n in apply_ancestors(outputs) if isinstance(n.op, Blockwise)})
-
-
-@node_rewriter([Blockwise])
-def unlooped_views(fgraph, node):
-    """A Blockwise of ``ViewOp`` as its input: ``ViewOp`` (what PyMC leaves of a
-    ``pm.Deterministic`` in a log-density) is an identity, which PyTensor gives
-    no batched form, so a model with a deterministic in its likelihood was
-    evaluated one point at a time."""
-    from pytensor.compile.ops import ViewOp
-
-    if not isinstance(node.op.core_op, ViewOp):
-        return None
-    return [node.outputs[0].type.filter_variable(node.inputs[0])]
-
-
-@node_rewriter([Blockwise])
-def unlooped_axes(fgraph, node):
-    """A Blockwise of an Op that names the axes it works along, as the Op itself
-    along those axes moved past the points' leading axes: ``Join`` (its inputs
-    broadcast to the points first) and ``LogSumExp``, which PyTensor gives no
-    batched form.  A mixture's log-density (a zero-inflated count, a Normal
-    mixture) joins its components' log-densities along an axis and takes their
-    log-sum-exp, so such a model was evaluated one point at a time."""
-    from pytensor.tensor.basic import Join, join
-
-    core, points = node.op.core_op, node.op.batch_ndim(node)
-    if isinstance(core, Join):
-        axis, parts = _join_axis(core, node.inputs, points)
-        if axis is None:
-            return None
-        out = join(axis + points, *_broadcast_points(parts, points))
-    elif isinstance(core, _log_sum_exp()):
-        (x,) = node.inputs
-        axes = tuple(a % (x.ndim - points) + points for a in core.axis)
-        out = type(core)(axis=axes)(x)
-    else:
-        return None
-    return [node.outputs[0].type.filter_variable(out)]
-
-
-def _log_sum_exp():
-    """PyTensor's ``LogSumExp`` Op (PyTensor 3; 2 writes it as Elemwise and
-    reductions, which have a batched form): a type ``isinstance`` takes."""
-    try:
-        from pytensor.tensor.special import LogSumExp
-    except ImportError:
-        return ()
-    return LogSumExp
-
-
-def _join_axis(core, inputs, points):
-    """``(axis, tensors)`` of a ``Join``'s Blockwise, the axis counted in one
-    point's dimensions: PyTensor 3 keeps it in the Op, 2 as the first input
-    (a constant there, else ``(None, None)``)."""
-    axis = getattr(core, "axis", None)
-    parts = list(inputs)
-    if axis is None:
-        axis = scalar_constant(inputs[0])
-        if axis is None:
-            return None, None
-        parts = parts[1:]
-    return int(axis) % (parts[0].ndim - points), parts
-
-
-def _broadcast_points(parts, points):
-    """Each of ``parts`` broadcast along its leading ``points`` axes to the
-    points' shape they share: along each such axis, the length of a part whose
-    type does not fix it at 1 (PyTensor broadcasts only lengths fixed at 1, so
-    every other part has that length too)."""
-    from pytensor.tensor import broadcast_to
-
-    shape = [next((p.shape[i] for p in parts if p.type.shape[i] != 1), 1) for i in range(points)]
-    return [broadcast_to(p, (*shape, *(p.shape[i] for i in range(points, p.ndim)))) for p in parts]
-
-
-def _unlooping():
-    """The rewrites that give the Blockwise PyTensor leaves a batched form
-    (and drop those that have no points' axis)."""
-    from pytensor.tensor.rewriting.blockwise import local_useless_unbatched_blockwise
-
-    return (unlooped_views, unlooped_axes, local_useless_unbatched_blockwise)
 
 
 # ------------------------------------------------------------ the batched checks

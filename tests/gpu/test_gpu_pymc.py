@@ -184,7 +184,7 @@ def test_a_mixture_runs_batched_on_a_gpu_rank(session, name):
 
     model = getattr(zoo, name)()
     copy = data_parallel(model)
-    assert rows_op_of(copy)[0].evaluator.batched == (name == "zero_inflated" or zoo._vectorizes_mixtures())
+    assert rows_op_of(copy)[0].evaluator.batched == (name == "zero_inflated" or zoo._pytensor_3())
     assert_same_density(model, copy)
 
 

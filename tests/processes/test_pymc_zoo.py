@@ -198,7 +198,11 @@ def normal_mixture():
     return m
 
 
-def _vectorizes_mixtures():
+def _pytensor_3():
+    """PyTensor 3 (PyMC 6's): vectorizes a Normal mixture's graph (2.38 cannot),
+    and converts a multinomial logit's one-point graph to JAX as it is (2.38's
+    JAX backend refuses an ``arange`` of a shape not yet constant, so by
+    default the copy runs it one point a call there)."""
     import pytensor
 
     return int(pytensor.__version__.split(".")[0]) >= 3
@@ -224,7 +228,8 @@ MODELS = [varying_slopes, robust, zero_inflated, multinomial_logit, gamma_glm, b
 
 
 # Graphs with an Op that PyTensor cannot give a leading axis of points: one point at a time.
-UNBATCHED = (multinomial_logit, mvnormal)
+# (The multinomial logit's shapes taken once per point are one: ``_unlooped.shared_shapes``.)
+UNBATCHED = (mvnormal,)
 # Graphs the GPU ranks' rows kernel takes (lgamma and digamma by _special's
 # series; coefficients sized by the model's dims, at their length when split;
 # not the censored Normal's erfc).
@@ -296,9 +301,12 @@ class _RanksGraphs:
 
 def _batched_graph_values(model, on_gpu, points=None):
     """The ranks' batched graph of ``model`` (for GPU ranks or CPU ranks) at
-    ``_RanksGraphs``' points (or ``points``); and its graph.  (Run by PyTensor's Python linker:
-    PyTensor's JAX mode alone, without the ranks' static shapes, fails on some
-    of these graphs at random.)"""
+    ``_RanksGraphs``' points (or ``points``); and its graph.  (Run in the suite's
+    mode, PyTensor's Python linker after the fast_compile rewrites: PyTensor's
+    JAX mode alone, without the ranks' static shapes, fails on some of these
+    graphs at random, and with fast_run's rewrites the Python linker gave the
+    multinomial logit's batched gradient to 3e-8 only, where JAX, C and the
+    exact gradient agree to 1e-14.)"""
     import pytensor
 
     from synkhronos._graph.editing import rewritten_in_turn
@@ -308,8 +316,27 @@ def _batched_graph_values(model, on_gpu, points=None):
     for shared, value in zip(g.shareds, g.terms.row_values):
         shared.set_value(value)
     outputs = rewritten_in_turn(g.outputs, *GPU_FORMS) if on_gpu else g.outputs
-    fn = pytensor.function(g.stacked + g.data, outputs, mode=pytensor.compile.mode.Mode("py", "fast_run"))
+    fn = pytensor.function(g.stacked + g.data, outputs)
     return [np.asarray(o) for o in fn(*(g.points if points is None else points), *g.data_values)], outputs
+
+
+@pytest.mark.parametrize("make", [m for m in MODELS if m not in UNBATCHED], ids=lambda f: f.__name__)
+def test_several_points_in_one_pass_give_each_points_values(make):
+    """The batched graph at three points at once against the graph of one
+    point (what the one-point zoo test checks against PyMC) at each, both in
+    the suite's mode (see ``_batched_graph_values``)."""
+    import pytensor
+
+    g = _RanksGraphs(make())
+    for shared, value in zip(g.shareds, g.terms.row_values):
+        shared.set_value(value)
+    together = pytensor.function(g.stacked + g.data, g.outputs)(*g.points, *g.data_values)
+    one = pytensor.function(g.params + g.data, g.single)
+    for k in range(len(g.points[0])):
+        alone = one(*[p[k] for p in g.points], *g.data_values)
+        assert len(alone) == len(together)
+        for t, a in zip(together, alone):
+            np.testing.assert_allclose(t[k], a, rtol=1e-10, atol=1e-12, err_msg="point %d" % k)
 
 
 @pytest.mark.parametrize("make", [m for m in MODELS if m not in UNBATCHED] + [lambda: logistic(N)],
@@ -640,11 +667,11 @@ def a_draw_in_the_likelihood():
 
 def test_a_mixture_is_batched_and_gives_pymcs_logp_and_gradient(session):
     """A Normal mixture's components, joined and log-sum-exped, take a leading
-    axis of points (``_vectorized.unlooped_axes``) where PyTensor vectorizes the
+    axis of points (``_unlooped.unlooped_axes``) where PyTensor vectorizes the
     graph; one point a call where it does not; PyMC's values either way."""
     model = normal_mixture()
     split = data_parallel(model, batch=True)
-    assert rows_op_of(split)[0].evaluator.batched == _vectorizes_mixtures()
+    assert rows_op_of(split)[0].evaluator.batched == _pytensor_3()
     assert_same_density(model, split)
 
 
@@ -663,6 +690,7 @@ def test_what_cannot_be_split_is_named_and_the_session_goes_on(session, make, ma
 
 _ON_JAX_RANKS = """
 import sys
+import numpy as np
 import synkhronos as synk
 from synkhronos.pymc import data_parallel
 from synkhronos.pymc._loo import rows_op_of
@@ -676,8 +704,15 @@ for name in sys.argv[1:]:
     ev = rows_op_of(split)[0].evaluator
     assert type(ev.fn._core.plain.maker.linker).__name__ == "JAXLinker" and ev.batched, name
     assert ev.packing is not None, name  # one matrix of points in, one of results out
+    seen, evaluate = {}, ev.evaluate  # (each point PyMC asks for, for one pass of them all below)
+    ev.evaluate = lambda xs: seen.setdefault(str(xs), [np.asarray(x) for x in xs]) and evaluate(xs)
     # (XLA's digamma, in the Gamma's gradient, is PyMC's to 1.3e-9)
     assert_same_density(model, split, rtol=1e-8 if name == "gamma_glm" else 1e-9)
+    together, points = ev.run(list(seen.values())), list(seen.values())
+    assert len(points) == 3, name
+    for p, t in zip(points, together):
+        for a, b in zip(ev.run([p])[0], t):
+            np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12, err_msg=name)
     print("ok", name, flush=True)
 synk.close()
 """
@@ -688,15 +723,16 @@ def test_batched_graphs_on_jax_ranks_as_users_get_them(tmp_path):
     compile with JAX, points batched): the models whose batched graph asserted
     one row per rank (a Normal with a scalar sigma, alone, beside a shorter
     likelihood, or over rows of three columns), took minutes to build (a
-    Gamma GLM) or was not batched (a zero-inflated count, a Normal mixture)
-    give PyMC's logp and gradient."""
+    Gamma GLM) or was not batched (a zero-inflated count, a Normal mixture, a
+    multinomial logit) give PyMC's logp and gradient, and the points PyMC asked
+    for, in one pass, each point's own."""
     import os
     import subprocess
     import sys
 
     pytest.importorskip("jax")
     names = ["normal", "two_likelihoods", "rows_of_three", "gamma_glm", "zero_inflated"]
-    names += ["normal_mixture"] * _vectorizes_mixtures()
+    names += ["normal_mixture", "multinomial_logit"] * _pytensor_3()
     env = {k: v for k, v in os.environ.items() if k != "PYTENSOR_FLAGS"}
     here = os.path.dirname(os.path.abspath(__file__))  # (and tests/, as pytest's pythonpath has them)
     env["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here), env.get("PYTHONPATH", "")])

@@ -1,6 +1,8 @@
-"""``_vectorized.unlooped_axes``: a Blockwise of ``Join`` or ``LogSumExp`` (what
-a mixture's log-density holds) becomes the Op itself along shifted axes, and
-the batched graph gives each point's values, gradient included."""
+"""``_unlooped``: a Blockwise of ``Join`` or ``LogSumExp`` (what a mixture's
+log-density holds) becomes the Op itself along shifted axes; shapes that the
+vectorized graph takes once per point (a categorical's ``p[arange(n), y]``)
+become one; and the batched graph gives each point's values, gradient
+included."""
 
 import functools
 
@@ -15,7 +17,8 @@ from pytensor.graph.replace import vectorize_graph
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 
 from synkhronos._graph.editing import rewritten  # noqa: E402
-from synkhronos.pymc._vectorized import _looped, _unlooping  # noqa: E402
+from synkhronos.pymc._unlooped import shape_unlooping, unlooping  # noqa: E402
+from synkhronos.pymc._vectorized import _looped  # noqa: E402
 
 PLAIN = pytensor.compile.mode.Mode(linker="py", optimizer=None)
 
@@ -41,7 +44,7 @@ def test_a_mixtures_join_and_log_sum_exp_lose_their_loop():
     over the points); rewritten, none is left."""
     _, (_, batched) = _batched(1)
     assert _looped([batched]), "PyTensor now batches this graph itself: the rewrite may go"
-    assert _looped(rewritten([batched], *_unlooping())) == []
+    assert _looped(rewritten([batched], *unlooping())) == []
 
 
 @functools.cache
@@ -49,7 +52,7 @@ def _functions(axis):
     """The rewritten batched graph's values and gradient (as ``_differentiated``
     takes it, after the batching), and one point's, compiled once per axis."""
     (w, y, single), (stacked, batched) = _batched(axis)
-    (out,) = rewritten([batched], *_unlooping())
+    (out,) = rewritten([batched], *unlooping())
     assert _looped([out]) == []
     batched_fn = pytensor.function([stacked, y], [out, pt.grad(out.sum(), stacked)], mode=PLAIN)
     one_fn = pytensor.function([w, y], [single, pt.grad(single, w)], mode=PLAIN)
@@ -68,5 +71,45 @@ def test_the_unlooped_graph_gives_each_points_value_and_gradient(points, rows, c
     got, got_grad = batched_fn(wv, yv)
     for k in range(points):
         want, want_grad = one_fn(wv[k], yv)
+        np.testing.assert_allclose(got[k], want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got_grad[k], want_grad, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------ shapes
+def _categorical_like(w, x, y):
+    """A categorical log-density over rows, as PyMC writes one: the class
+    probabilities of each row picked by ``p[arange(rows), y]``, where ``rows``
+    is a shape of a value computed from the parameter."""
+    eta = pt.concatenate([pt.zeros((x.shape[0], 1)), x @ w], axis=1)
+    p = pt.special.softmax(eta, axis=1)
+    return pt.log(p[pt.arange(p.shape[0]), y]).sum()
+
+
+@functools.cache
+def _categorical_functions():
+    w, x, y = pt.matrix("w", dtype="float64"), pt.matrix("x", dtype="float64"), pt.vector("y", dtype="int64")
+    single = _categorical_like(w, x, y)
+    stacked = pt.tensor3("W", dtype="float64")
+    batched = vectorize_graph(single, replace={w: stacked})
+    assert _looped(rewritten([batched], *unlooping())), "PyTensor now batches this graph itself"
+    (out,) = rewritten([batched], *shape_unlooping())
+    assert _looped([out]) == []
+    batched_fn = pytensor.function([stacked, x, y], [out, pt.grad(out.sum(), stacked)], mode=PLAIN)
+    one_fn = pytensor.function([w, x, y], [single, pt.grad(single, w)], mode=PLAIN)
+    return batched_fn, one_fn
+
+
+@settings(max_examples=25, deadline=None)
+@given(points=st.integers(1, 4), rows=st.integers(1, 6), features=st.integers(1, 3),
+       classes=st.integers(2, 4), seed=st.integers(0, 2**16))
+def test_shapes_taken_once_per_point_become_one_and_each_point_keeps_its_values(points, rows, features,
+                                                                              classes, seed):
+    batched_fn, one_fn = _categorical_functions()
+    rng = np.random.default_rng(seed)
+    wv = rng.uniform(-2, 2, (points, features, classes - 1))
+    xv, yv = rng.uniform(-2, 2, (rows, features)), rng.integers(0, classes, rows)
+    got, got_grad = batched_fn(wv, xv, yv)
+    for k in range(points):
+        want, want_grad = one_fn(wv[k], xv, yv)
         np.testing.assert_allclose(got[k], want, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(got_grad[k], want_grad, rtol=1e-12, atol=1e-12)

@@ -46,7 +46,7 @@ def _jax_logp(kind, layout):
         if kind == "multinomial":  # w ~ Normal(0, 1); Categorical(softmax([0, x @ w]))
             w = p["w"]
             eta = jnp.concatenate([jnp.zeros((x.shape[0], 1)), x @ w], axis=1)
-            picked = jnp.take_along_axis(eta, y.astype(jnp.int32)[:, None], axis=1)[:, 0]
+            picked = jnp.take_along_axis(eta, y[:, None], axis=1)[:, 0]
             return (jnp.sum(-0.5 * w ** 2) - w.size * half_log_2pi
                     + jnp.sum(picked - jax.nn.logsumexp(eta, axis=1)))
         beta = p["beta"]
@@ -78,7 +78,8 @@ def jax_child(args):
     x, g, y = make_data(kind, args.sample_rows, args.features)
     q, layout = raveled_point(build(kind, 100, args.features))  # the layout does not depend on the rows
     logp = _jax_logp(kind, layout)
-    data = (jax.device_put(x), jax.device_put(y.astype(np.float64)),
+    # (the classes as integers, to index with; 0/1 outcomes as floats, to multiply)
+    data = (jax.device_put(x), jax.device_put(y if kind == "multinomial" else y.astype(np.float64)),
             None if kind != "hierarchical" else jax.device_put(g))
     one = jax.jit(jax.value_and_grad(logp))
     four = jax.jit(jax.vmap(jax.value_and_grad(logp), in_axes=(0, None, None, None)))

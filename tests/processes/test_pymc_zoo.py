@@ -705,7 +705,8 @@ for name in sys.argv[1:]:
     assert type(ev.fn._core.plain.maker.linker).__name__ == "JAXLinker" and ev.batched, name
     assert ev.packing is not None, name  # one matrix of points in, one of results out
     seen, evaluate = {}, ev.evaluate  # (each point PyMC asks for, for one pass of them all below)
-    ev.evaluate = lambda xs: seen.setdefault(str(xs), [np.asarray(x) for x in xs]) and evaluate(xs)
+    ev.evaluate = lambda xs: seen.setdefault(tuple(np.asarray(x).tobytes() for x in xs),
+                                             [np.asarray(x) for x in xs]) and evaluate(xs)
     # (XLA's digamma, in the Gamma's gradient, is PyMC's to 1.3e-9)
     assert_same_density(model, split, rtol=1e-8 if name == "gamma_glm" else 1e-9)
     together, points = ev.run(list(seen.values())), list(seen.values())

@@ -8,9 +8,18 @@ import time
 
 __all__ = ["distribute_unhurried", "SHM_DIR", "segments", "session_names", "proc_stat", "proc_exists",
            "proc_parent", "worker_children", "our_segments", "session_segments", "orphaned_segments",
-           "new_orphans", "our_tmpdirs", "socket_inodes", "Leftovers"]
+           "new_orphans", "orphaned_tmpdirs", "our_tmpdirs", "socket_inodes", "Leftovers"]
 
 SHM_DIR = "/dev/shm"
+
+
+def _listing(path):
+    return set(os.listdir(path)) if os.path.isdir(path) else set()
+
+
+# What earlier processes left: a name there that starts with this process's pid is
+# another's (pids are reused), not this process's doing.
+_LEFT_BEFORE = _listing(SHM_DIR) | _listing(tempfile.gettempdir())
 
 
 def distribute_unhurried():
@@ -43,7 +52,7 @@ def session_names(pid):
 def our_segments():
     """Shared-memory segments and semaphores of any session started by this process."""
     pattern = session_names(os.getpid())
-    return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n))
+    return sorted(n for n in os.listdir(SHM_DIR) if pattern.match(n) and n not in _LEFT_BEFORE)
 
 
 def session_segments():
@@ -62,8 +71,18 @@ def orphaned_segments():
     return {name for name, pid in session_segments().items() if proc_stat(pid) is None}
 
 
+def orphaned_tmpdirs():
+    """Session temporary directories (named by the pid of the process that made
+    them: a master, or an MPI rank) whose maker is gone, made since this process
+    started: what a session that broke left, unless its other processes removed it."""
+    pattern = re.compile(r"synkhronos_(\d+)_")
+    return {n for n in os.listdir(tempfile.gettempdir()) for m in [pattern.match(n)]
+            if m and n not in _LEFT_BEFORE and proc_stat(int(m.group(1))) is None}
+
+
 def new_orphans(before, grace_s=15.0):
-    """Orphaned segments (``orphaned_segments``) not in ``before`` (take it with
+    """Orphaned segments (``orphaned_segments``) and temporary directories
+    (``orphaned_tmpdirs``) not in ``before`` (take it with
     ``session_segments``: a segment left long ago by a process whose pid a live
     process has since taken is no orphan then, and becomes one when that process
     ends) that are still there after up to ``grace_s`` seconds: what a finished
@@ -73,7 +92,7 @@ def new_orphans(before, grace_s=15.0):
     orphans for that moment, which must not count here."""
     deadline = time.monotonic() + grace_s
     while True:
-        left = orphaned_segments() - set(before)
+        left = (orphaned_segments() | orphaned_tmpdirs()) - set(before)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
@@ -82,7 +101,8 @@ def new_orphans(before, grace_s=15.0):
 def our_tmpdirs():
     """Session temporary directories made by this process."""
     prefix = "synkhronos_%d_" % os.getpid()
-    return sorted(n for n in os.listdir(tempfile.gettempdir()) if n.startswith(prefix))
+    names = os.listdir(tempfile.gettempdir())
+    return sorted(n for n in names if n.startswith(prefix) and n not in _LEFT_BEFORE)
 
 
 def _stat_fields(pid):

@@ -33,9 +33,12 @@ machine: ``k=2``).
 
 import os
 import pickle
+import re
 import secrets
+import shutil
 import socket
 import struct
+import tempfile
 import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
@@ -44,7 +47,8 @@ from .._common.env import env_flag
 from .._common.waiting import wait_requests
 
 __all__ = ["Cluster", "cluster", "launched", "connect_workers", "connect_master", "refuse_workers",
-           "finalize", "check_unused", "start_session", "HOST_ENV", "MPI_ENV",
+           "finalize", "check_unused", "start_session", "rank_tmpdir", "remove_dead_ranks_tmpdirs",
+           "HOST_ENV", "MPI_ENV",
            "ADDR_ENV", "RANKS_PER_HOST_ENV", "ranks_per_host"]
 
 MPI_ENV = "SYNKHRONOS_MPI"  # 0: ignore an MPI launch (fork() spawns workers as without MPI)
@@ -111,6 +115,44 @@ def finalize():
     MPI = _mpi()
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
+
+
+def rank_tmpdir(token):
+    """Make a launched rank's private temporary directory, named by the rank's
+    pid and the session's ``token``, so that the session's other processes on
+    its host can tell it apart once the rank is gone (``remove_dead_ranks_tmpdirs``)."""
+    return tempfile.mkdtemp(prefix="synkhronos_%d_%s_" % (os.getpid(), token))
+
+
+def remove_dead_ranks_tmpdirs(token, root):
+    """Remove the temporary directories in ``root`` of session ``token``'s
+    ranks whose process has ended: a rank that crashed could not remove its own,
+    and its launcher does not know of it.  A live rank removes its own."""
+    pattern = re.compile(r"synkhronos_(\d+)_%s_" % re.escape(token))
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        m = pattern.match(name)
+        if m and not _running(int(m.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _running(pid):
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped by its
+    launcher, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def cluster():

@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 
@@ -391,4 +392,8 @@ class Runtime:
             shared_memory.unlink_session(self.token)
             if self.tmpdir is not None:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
+            if self.cluster is not None:  # a rank on this host that crashed left its own
+                from . import mpi
+
+                mpi.remove_dead_ranks_tmpdirs(self.token, tempfile.gettempdir())
         logger.debug("closed%s in %.2f s", " after a failure" if failed else "", time.monotonic() - t0)

@@ -141,6 +141,18 @@ def _remove_session(token, tmpdir, slot_prefix=""):
     shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+def _remove_rank_session(token, tmpdir, slot_prefix=None):
+    """What an MPI rank leaves behind: its own temporary directory, those of
+    the session's ranks on its host that crashed, and, given ``slot_prefix``,
+    the segments whose slot starts with it."""
+    from . import mpi
+
+    if slot_prefix is not None:
+        shared_memory.unlink_session(token, slot_prefix)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    mpi.remove_dead_ranks_tmpdirs(token, os.path.dirname(tmpdir))
+
+
 def _watch_master(master_pid, token, tmpdir):
     """Exit once the master is gone, even while a command keeps the main thread
     busy (it notices on its own only when it next reads the channel)."""
@@ -213,7 +225,7 @@ def _start_connection_watchdog(config, cluster, channel, done):
     rank, token, tmpdir = config["rank"], config["token"], config["tmpdir"]
     own = "h%d" % cluster.host if cluster.remote(rank) else "r%d" % rank
     threading.Thread(target=_watch_connection, daemon=True, name="synkhronos-watchdog",
-                     args=(channel, done, lambda: _remove_session(token, tmpdir, own))).start()
+                     args=(channel, done, lambda: _remove_rank_session(token, tmpdir, own))).start()
 
 
 def _start_profiler(config):
@@ -253,7 +265,7 @@ def _remove_leftovers(token, tmpdir, cluster, ended):
     """Remove what the master will not: an MPI rank's temporary directory (its
     own), or, for a spawned worker whose master died, the whole session's."""
     if cluster is not None:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        _remove_rank_session(token, tmpdir)
     elif ended is None:
         # The master died without closing: nobody else will clean up.
         _remove_session(token, tmpdir)
@@ -327,7 +339,7 @@ def mpi_main(cluster):
     config, conn = mpi.connect_master(cluster)
     failed = False
     if conn is not None:
-        tmpdir = tempfile.mkdtemp(prefix="synkhronos_%d_" % os.getpid())
+        tmpdir = mpi.rank_tmpdir(config["token"])
         config = dict(config, rank=cluster.rank, tmpdir=tmpdir)
         os.environ["TMPDIR"] = tempfile.tempdir = tmpdir  # PyTensor's generated sources go there
         if config["device"] == "gpu":

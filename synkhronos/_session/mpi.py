@@ -121,14 +121,20 @@ def rank_tmpdir(token):
     """Make a launched rank's private temporary directory, named by the rank's
     pid and the session's ``token``, so that the session's other processes on
     its host can tell it apart once the rank is gone (``remove_dead_ranks_tmpdirs``)."""
-    return tempfile.mkdtemp(prefix="synkhronos_%d_%s_" % (os.getpid(), token))
+    return tempfile.mkdtemp(prefix="synkhronos_%d_%s_" % (os.getpid(), _tag(token)))
+
+
+def _tag(token):
+    """48 of the token's random bits: enough to tell sessions apart on a host,
+    and short, as Unix socket paths under the directory are (108 bytes at most)."""
+    return token[-12:]
 
 
 def remove_dead_ranks_tmpdirs(token, root):
     """Remove the temporary directories in ``root`` of session ``token``'s
     ranks whose process has ended: a rank that crashed could not remove its own,
     and its launcher does not know of it.  A live rank removes its own."""
-    pattern = re.compile(r"synkhronos_(\d+)_%s_" % re.escape(token))
+    pattern = re.compile(r"synkhronos_(\d+)_%s_" % re.escape(_tag(token)))
     try:
         names = os.listdir(root)
     except OSError:

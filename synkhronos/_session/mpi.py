@@ -45,6 +45,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 
 from .._common.env import env_flag
 from .._common.waiting import wait_requests
+from .stacks import process_state
 
 __all__ = ["Cluster", "cluster", "launched", "connect_workers", "connect_master", "refuse_workers",
            "finalize", "check_unused", "start_session", "rank_tmpdir", "remove_dead_ranks_tmpdirs",
@@ -154,11 +155,7 @@ def _running(pid):
         return False
     except PermissionError:
         return True
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return not process_state(pid).startswith("Z")
 
 
 def cluster():

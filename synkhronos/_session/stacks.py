@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-__all__ = ["DUMP_SIGNAL", "enable", "stack_path", "take", "crash_stack"]
+__all__ = ["DUMP_SIGNAL", "enable", "stack_path", "take", "crash_stack", "process_state"]
 
 DUMP_SIGNAL = signal.SIGUSR1
 _SETTLE_S = 0.1  # a dump is complete once its file stops growing for this long
@@ -57,7 +57,7 @@ def _without_watchdog(text):
     return "\n\n".join(kept) + "\n"
 
 
-def _state(pid):
+def process_state(pid):
     """The kernel's word for what process ``pid`` is doing ("S (sleeping)", ...)."""
     try:
         with open("/proc/%d/status" % pid) as fh:
@@ -129,7 +129,7 @@ def _stack_or_reason(text, pid, wait):
     if isinstance(pid, OSError):
         return "(no stack: the process could not be signalled: %s)" % pid
     return ("(no stack: the process did not answer %s within %g s; its state: %s)"
-            % (DUMP_SIGNAL.name, wait, _state(pid)))
+            % (DUMP_SIGNAL.name, wait, process_state(pid)))
 
 
 def crash_stack(tmpdir, rank):

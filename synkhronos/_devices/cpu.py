@@ -207,6 +207,7 @@ class CpuDevice(Device):
     thread_choice = None  # fork()'s ``threads``
     jax_cores = None  # the cores of this rank's JAX thread pool (see start_jax_pool)
     _restore_threads = None  # undoes the master's thread limits at close
+    _jax_default_device = None  # what this session made JAX's default device (_jax_on_cpu)
     jax_default = False  # functions that name no mode compile with JAX (jax_by_default)
     worker = False  # a worker's device: its JAX starts the CPU backend only (start_jax_pool)
 
@@ -279,6 +280,23 @@ class CpuDevice(Device):
         if self.jax_default:
             _use_jax_cache()
         start_jax_pool(self.jax_cores, cpu_only=self.worker)
+        self._jax_on_cpu()
+
+    def _jax_on_cpu(self):
+        """Make the CPU JAX's default device while the session lasts, unless the
+        user chose one (``jax_default_device``).  Where JAX also has a GPU (its
+        CUDA plugin installed), its default device is the GPU: the master's share
+        of every call would be computed there, float32 products in TF32, while
+        the workers compute on their cores.  ``close()`` gives the default back."""
+        import jax
+
+        if jax.config.jax_default_device is not None:  # the user's, or set already
+            return
+        try:  # a platform's name: JAX's backends need not start for it
+            jax.config.update("jax_default_device", "cpu")
+        except (TypeError, ValueError):
+            jax.config.update("jax_default_device", jax.devices("cpu")[0])
+        self._jax_default_device = jax.config.jax_default_device
 
     def worker_env(self, rank, n_parallel):
         """Environment of worker ``rank``: its share of the threads, read by
@@ -289,10 +307,17 @@ class CpuDevice(Device):
         """Nothing to set up (threads: ``share_threads``)."""
 
     def close(self, abort=False):
-        """Give the master's thread pools back their sizes from before ``fork()``."""
+        """Give the master's thread pools back their sizes from before ``fork()``,
+        and JAX its default device."""
         restore, self._restore_threads = self._restore_threads, None
         if restore is not None:
             restore()
+        ours, self._jax_default_device = self._jax_default_device, None
+        if ours is not None:
+            import jax
+
+            if jax.config.jax_default_device is ours:  # (not if the user changed it since)
+                jax.config.update("jax_default_device", None)
 
     @staticmethod
     def to_host(values):

@@ -272,3 +272,37 @@ def test_a_cpu_worker_starts_only_jax_cpu_backend_unless_the_user_chose(role, pr
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[-2] == want
+
+
+_DEFAULT_DEVICE = """
+import json, sys
+import numpy as np, pytensor.tensor as pt, jax
+import synkhronos as synk
+if sys.argv[1] == "user":
+    jax.config.update("jax_default_device", jax.devices("cpu")[0])
+before = repr(jax.config.jax_default_device)
+synk.fork(2, use_gpu=False)
+x = pt.vector("x")
+f = synk.function([x], outputs=(x.sum(), "sum"), mode="JAX")
+synk.distribute()
+assert float(f(synk.data(np.ones(6)))) == 6
+inside = repr(jax.config.jax_default_device)
+synk.close()
+print(json.dumps([before, inside, repr(jax.config.jax_default_device)]))
+"""
+
+
+@pytest.mark.parametrize("who", ["session", "user"])
+def test_a_cpu_session_makes_the_cpu_jaxs_default_device_while_it_lasts(who):
+    """Where JAX has a GPU too, the master's share would otherwise be computed
+    there (tests/gpu/test_gpu_cpu_ranks.py checks the numbers); a default device
+    the user chose stands."""
+    pytest.importorskip("jax")
+    proc = subprocess.run([sys.executable, "-c", _DEFAULT_DEVICE, who], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, inside, after = json.loads(proc.stdout.splitlines()[-1])
+    if who == "session":
+        assert (before, inside, after) == ("None", "'cpu'", "None")
+    else:
+        assert before.startswith("CpuDevice") and inside == after == before, (before, inside, after)

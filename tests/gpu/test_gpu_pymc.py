@@ -178,13 +178,12 @@ def test_a_kernel_with_what_the_rows_do_not_enter_computed_before_it(session, na
 @pytest.mark.parametrize("name", ["zero_inflated", "normal_mixture"])
 def test_a_mixture_runs_batched_on_a_gpu_rank(session, name):
     """A mixture's components joined and log-sum-exped along an axis take a
-    leading axis of points on GPU ranks too (where PyTensor vectorizes the
-    graph; a Normal mixture's needs PyTensor 3): PyMC's logp and gradient."""
+    leading axis of points on GPU ranks too: PyMC's logp and gradient."""
     import test_pymc_zoo as zoo
 
     model = getattr(zoo, name)()
     copy = data_parallel(model)
-    assert rows_op_of(copy)[0].evaluator.batched == (name == "zero_inflated" or zoo._pytensor_3())
+    assert rows_op_of(copy)[0].evaluator.batched
     assert_same_density(model, copy)
 
 

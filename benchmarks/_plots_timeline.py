@@ -6,9 +6,9 @@ from _plot_common import _machine_line
 __all__ = ["plot_call_timeline"]
 
 # The steps drawn, outermost first (nested ones are drawn narrower on top).
-_STEPS = ("call", "call_all_reduce", "deliver", "reply", "recv", "on_call", "on_collective",
-          "share_reduced", "run_share", "run_whole", "to_host", "reduce_outputs", "output_buffer",
-          "dev_all_reduce", "outputs", "retire", "take_reduced", "take_outputs", "send")
+_STEPS = ("call", "call_all_reduce", "call_sync", "deliver", "reply", "recv", "on_call", "on_collective",
+          "on_sync", "share_reduced", "run_share", "run_whole", "to_host", "reduce_outputs", "output_buffer",
+          "dev_all_reduce", "dev_sync", "outputs", "retire", "take_reduced", "take_outputs", "send")
 
 
 def plot_call_timeline(payload, png):

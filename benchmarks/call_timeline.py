@@ -19,7 +19,9 @@ Cases (``--cases``):
   rank, output the mean of ``x.dot(w)``), after a warm-up;
 - ``all_reduce_1mb``: ``synk.all_reduce`` of one 1 MB float32 variable, back
   to back;
-- ``all_reduce_16x64kb``: the same bytes in 16 variables of 64 KB, one call.
+- ``all_reduce_16x64kb``: the same bytes in 16 variables of 64 KB, one call;
+- ``all_reduce_64mb_synced``: ``synk.all_reduce`` of one 64 MB float32
+  variable, then ``synk.synchronize()``: a collective waited for.
 
 The plain JAX-mode function's median time on the master's device is printed
 beside the tiny call for scale.  Workers are named by start order (worker 1
@@ -47,8 +49,9 @@ from _common import default_out, gpu_name, machine_info, print_machine, table, w
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBES = os.path.join(HERE, "_timeline_probes")
-CASES = ("tiny", "all_reduce_1mb", "all_reduce_16x64kb")
-TOP = {"tiny": "call", "all_reduce_1mb": "call_all_reduce", "all_reduce_16x64kb": "call_all_reduce"}
+CASES = ("tiny", "all_reduce_1mb", "all_reduce_16x64kb", "all_reduce_64mb_synced")
+TOP = {"tiny": "call", "all_reduce_1mb": "call_all_reduce", "all_reduce_16x64kb": "call_all_reduce",
+       "all_reduce_64mb_synced": "case"}
 
 
 def _run_cases(n, use_gpu, cases, calls):
@@ -68,12 +71,21 @@ def _run_cases(n, use_gpu, cases, calls):
     f = synk.function([x], outputs=x.dot(pytensor.shared(wv, name="w")).mean())
     one = [pytensor.shared(np.ones(1 << 18, "float32"), name="one")]
     many = [pytensor.shared(np.ones(1 << 14, "float32"), name="v%d" % i) for i in range(16)]
-    synk.function([], outputs=sum(v[0] for v in one + many))  # the variables must be in a function
+    big_size = 1 << 24 if "all_reduce_64mb_synced" in cases else 1
+    big = [pytensor.shared(np.ones(big_size, "float32"), name="big")]
+    synk.function([], outputs=sum(v[0] for v in one + many + big))  # the variables must be in a function
     with contextlib.redirect_stdout(io.StringIO()):
         synk.distribute()
     xd = synk.data(np.tile(xv, (n, 1)))
+    import sitecustomize  # the probes: a synced case is one traced "case" of two calls
+
+    def synced():
+        synk.all_reduce(big)
+        synk.synchronize()
+
     runs = {"tiny": lambda: f(xd), "all_reduce_1mb": lambda: synk.all_reduce(one),
-            "all_reduce_16x64kb": lambda: synk.all_reduce(many)}
+            "all_reduce_16x64kb": lambda: synk.all_reduce(many),
+            "all_reduce_64mb_synced": sitecustomize._wrap(synced, "case")}
     spans = {}
     for case in cases:
         run = runs[case]

@@ -183,7 +183,7 @@ def _observed_logp(held, stand, name):
 def _pymc_logp(rv, value):
     """PyMC's log-density of ``rv`` at ``value``, derived as the model derives
     its own (``conditional_logp``, what ``model.logp()`` calls), so that each
-    row's value is the model's to the last bit.  ``pm.logp`` takes another
+    row is computed by the model's own formula.  ``pm.logp`` takes another
     route for some: a truncated Normal's normalizing constant then holds
     ``log(0.5)`` of a float32 constant, 1.9e-9 off on every row.  Where the
     model's route derives nothing, ``pm.logp``'s (NotImplementedError if

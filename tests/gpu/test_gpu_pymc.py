@@ -119,6 +119,24 @@ def test_a_kernel_of_many_partial_sums_compiles_with_wider_blocks(session, n):
     unit.check_many_sums(n, interpret=False)
 
 
+ZOO = ["varying_slopes", "robust", "zero_inflated", "multinomial_logit", "gamma_glm", "binomial_trials",
+       "mvnormal", "censored", "potential", "normal", "two_likelihoods", "rows_of_three", "deterministics",
+       "poisson", "ordered_logistic", "negative_binomial", "weibull_censored", "zero_sum_groups",
+       "truncated_normal", "beta_binomial", "beta_regression", "hurdle_gamma"]  # test_pymc_zoo.MODELS
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_the_zoos_models_give_pymcs_values_on_a_gpu_rank(session, name):
+    """Every likelihood of the zoo (``test_pymc_zoo.MODELS``), split onto a GPU
+    rank as built (the rows kernel, the batched graph through XLA, or one point
+    a call, whichever the copy chose): PyMC's logp and gradient."""
+    import test_pymc_zoo as zoo
+
+    assert sorted(ZOO) == sorted(m.__name__ for m in zoo.MODELS)  # (the list kept whole)
+    model = getattr(zoo, name)()
+    assert_same_density(model, data_parallel(model))
+
+
 @pytest.mark.parametrize("name", ["normal", "two_likelihoods", "rows_of_three", "potential",
                                   "deterministics", "robust", "gamma_glm", "binomial_trials", "poisson",
                                   "varying_slopes"])

@@ -778,6 +778,27 @@ def a_draw_in_the_likelihood():
     return m
 
 
+def one_feature():
+    """A logistic regression on one column of ``pm.Data`` (an n x 1 matrix), as
+    the docs' LOO example compares: PyMC's route pins a shape there whose
+    leading length is None, not the row count."""
+    rng = _rng(32)
+    x = rng.standard_normal((N, 1))
+    y = (rng.random(N) < 1 / (1 + np.exp(-(0.5 * x[:, 0] + 0.3)))).astype("int64")
+    with pm.Model() as m:
+        xd = pm.Data("x", x)
+        a = pm.Normal("a", 0, 1)
+        b = pm.Normal("b", 0, 1, shape=1)
+        pm.Bernoulli("y", logit_p=a + xd @ b, observed=y)
+    return m
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["one_point", "batched"])
+def test_a_shape_pinned_without_a_row_count_splits(session, batch):
+    model = one_feature()
+    assert_same_density(model, data_parallel(model, batch=batch))
+
+
 def test_a_mixture_is_batched_and_gives_pymcs_logp_and_gradient(session):
     """A Normal mixture's components, joined and log-sum-exped, take a leading
     axis of points (``_unlooped.unlooped_axes``), on PyTensor 2.38 too: PyMC's

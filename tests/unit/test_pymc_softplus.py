@@ -19,6 +19,8 @@ from pytensor.scalar.math import Sigmoid, Softplus
 
 pytest.importorskip("pymc")  # synkhronos.pymc needs it
 
+from _jax64 import jax_x64  # noqa: E402
+
 from synkhronos._graph.editing import rewritten_in_turn  # noqa: E402
 from synkhronos.pymc._gpu import ONE_EXP_SOFTPLUS, OneExpSoftplus  # noqa: E402
 
@@ -31,6 +33,15 @@ FORMS = {
     "log(1 - sigmoid(x))": lambda x: pt.log(1 - pt.sigmoid(x)),
 }
 WANT = {"softplus(x)": lambda x: np.logaddexp(0, x), "log(sigmoid(x))": lambda x: -np.logaddexp(0, -x)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def x64():
+    """JAX's 64-bit mode, which float64 ranks run in: whatever a test before in
+    this process left (a float32 session turns it off), JAX-mode functions of
+    float64 here compute in float64."""
+    with jax_x64():
+        yield
 
 
 def with_one_exp_softplus(outputs):

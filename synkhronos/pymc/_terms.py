@@ -257,8 +257,8 @@ def _free_of_row_count(logp, rows):
         node = v.owner
         if node is None or not isinstance(node.op, SpecifyShape):
             continue
-        first = node.inputs[1]  # (None where the leading length is not pinned: a NoneConst)
-        if isinstance(first, Constant) and np.ndim(first.data) == 0 and first.data is not None \
+        first = node.inputs[1]  # (a NoneConst, whose data is None, where the leading length is not pinned)
+        if isinstance(first, Constant) and first.data is not None and first.data.ndim == 0 \
                 and int(first.data) == rows:
             replace[v] = specify_shape(node.inputs[0], (None,) + tuple(node.inputs[2:]))
     return _replaced([logp], replace)[0] if replace else logp

@@ -8,6 +8,7 @@ import pytest
 pm = pytest.importorskip("pymc")
 
 import test_pymc  # noqa: E402
+import test_pymc_zoo as zoo  # noqa: E402
 from test_pymc import assert_same_density, float64_session, hierarchical, logistic  # noqa: E402
 
 from synkhronos.pymc import data_parallel  # noqa: E402
@@ -119,21 +120,12 @@ def test_a_kernel_of_many_partial_sums_compiles_with_wider_blocks(session, n):
     unit.check_many_sums(n, interpret=False)
 
 
-ZOO = ["varying_slopes", "robust", "zero_inflated", "multinomial_logit", "gamma_glm", "binomial_trials",
-       "mvnormal", "censored", "potential", "normal", "two_likelihoods", "rows_of_three", "deterministics",
-       "poisson", "ordered_logistic", "negative_binomial", "weibull_censored", "zero_sum_groups",
-       "truncated_normal", "beta_binomial", "beta_regression", "hurdle_gamma"]  # test_pymc_zoo.MODELS
-
-
-@pytest.mark.parametrize("name", ZOO)
-def test_the_zoos_models_give_pymcs_values_on_a_gpu_rank(session, name):
+@pytest.mark.parametrize("make", zoo.MODELS, ids=lambda f: f.__name__)
+def test_the_zoos_models_give_pymcs_values_on_a_gpu_rank(session, make):
     """Every likelihood of the zoo (``test_pymc_zoo.MODELS``), split onto a GPU
     rank as built (the rows kernel, the batched graph through XLA, or one point
     a call, whichever the copy chose): PyMC's logp and gradient."""
-    import test_pymc_zoo as zoo
-
-    assert sorted(ZOO) == sorted(m.__name__ for m in zoo.MODELS)  # (the list kept whole)
-    model = getattr(zoo, name)()
+    model = make()
     assert_same_density(model, data_parallel(model))
 
 
@@ -148,7 +140,6 @@ def test_models_of_the_zoo_run_as_one_kernel_on_the_gpu(session, name):
     (lgamma of each row) and varying slopes (coefficients sized by the
     model's dims): Triton compiles each rank's pass over its rows as one
     kernel, with the batched graph's values (on the host)."""
-    import test_pymc_zoo as zoo
 
     model = getattr(zoo, name)()
     want, _ = zoo._batched_graph_values(model, on_gpu=False)
@@ -178,7 +169,6 @@ def test_a_kernel_with_what_the_rows_do_not_enter_computed_before_it(session, na
     Triton compiles it, and XLA's values of the parameters' functions before
     it give the batched graph's values."""
     import jax
-    import test_pymc_zoo as zoo
 
     from synkhronos.pymc._kernel import HoistedKernel, _rewritten
 
@@ -197,7 +187,6 @@ def test_a_kernel_with_what_the_rows_do_not_enter_computed_before_it(session, na
 def test_a_mixture_runs_batched_on_a_gpu_rank(session, name):
     """A mixture's components joined and log-sum-exped along an axis take a
     leading axis of points on GPU ranks too: PyMC's logp and gradient."""
-    import test_pymc_zoo as zoo
 
     model = getattr(zoo, name)()
     copy = data_parallel(model)

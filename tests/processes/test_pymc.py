@@ -46,15 +46,16 @@ def session():
         yield
 
 
-def logistic(n, seed=0):
-    """Logistic regression over ``n`` rows of ``pm.Data`` (the issue's model)."""
+def logistic(n, seed=0, features=3):
+    """Logistic regression over ``n`` rows of ``pm.Data`` (the issue's model),
+    of ``features`` columns (at most 3)."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 3))
-    y = (rng.random(n) < 1 / (1 + np.exp(-(x @ [0.5, -1.0, 0.2] + 0.3)))).astype("int64")
+    x = rng.standard_normal((n, features))
+    y = (rng.random(n) < 1 / (1 + np.exp(-(x @ [0.5, -1.0, 0.2][:features] + 0.3)))).astype("int64")
     with pm.Model() as m:
         xd = pm.Data("x", x)
         a = pm.Normal("a", 0, 1)
-        b = pm.Normal("b", 0, 1, shape=3)
+        b = pm.Normal("b", 0, 1, shape=features)
         pm.Bernoulli("y", logit_p=a + xd @ b, observed=y)
     return m
 

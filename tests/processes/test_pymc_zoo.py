@@ -778,24 +778,12 @@ def a_draw_in_the_likelihood():
     return m
 
 
-def one_feature():
+@pytest.mark.parametrize("batch", [False, True], ids=["one_point", "batched"])
+def test_a_shape_pinned_without_a_row_count_splits(session, batch):
     """A logistic regression on one column of ``pm.Data`` (an n x 1 matrix), as
     the docs' LOO example compares: PyMC's route pins a shape there whose
     leading length is None, not the row count."""
-    rng = _rng(32)
-    x = rng.standard_normal((N, 1))
-    y = (rng.random(N) < 1 / (1 + np.exp(-(0.5 * x[:, 0] + 0.3)))).astype("int64")
-    with pm.Model() as m:
-        xd = pm.Data("x", x)
-        a = pm.Normal("a", 0, 1)
-        b = pm.Normal("b", 0, 1, shape=1)
-        pm.Bernoulli("y", logit_p=a + xd @ b, observed=y)
-    return m
-
-
-@pytest.mark.parametrize("batch", [False, True], ids=["one_point", "batched"])
-def test_a_shape_pinned_without_a_row_count_splits(session, batch):
-    model = one_feature()
+    model = logistic(N, features=1)
     assert_same_density(model, data_parallel(model, batch=batch))
 
 

@@ -37,6 +37,7 @@ FIGSIZE = {
     "mpi_collectives": (15.0, 5.0),
     "resnet50_profile": (13.0, 5.0),
     "resnet50_scaling": (12.0, 5.0),
+    "gpu_inputs": (12.0, 5.0),
     "session_start": (12.0, 5.0),
     "soak": (12.0, 5.0),
 }

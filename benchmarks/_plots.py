@@ -16,7 +16,8 @@ panels (see ``_plots_pymc``).
 This module is the entry point: :func:`write_plot`, :func:`benchmark_name`,
 :func:`png_path` and the ``PLOTTERS`` table.  The plotting functions live in
 ``_plots_gpu`` (resnet50_scaling, resnet50_profile, gpu_scaling, collectives,
-bf16_loss_curve), ``_plots_cpu`` (cpu_scaling, cpu_backends, call_overhead, soak,
+bf16_loss_curve), ``_plots_inputs`` (gpu_inputs), ``_plots_cpu`` (cpu_scaling,
+cpu_backends, call_overhead, soak,
 mpi_collectives, session_start) and ``_plots_pymc`` (pymc_likelihood, jax_batched_forms,
 rows_kernel_blocks), the figure and caption helpers with ``FIGSIZE`` and ``DPI`` in ``_plot_common``; all of
 them are re-exported here.  None of them imports a benchmark script: a picture is
@@ -43,6 +44,7 @@ from _plots_gpu import (
     plot_resnet50_profile,
     plot_resnet50_scaling,
 )
+from _plots_inputs import plot_gpu_inputs
 from _plots_pymc import (
     plot_jax_batched_forms,
     plot_pymc_libraries,
@@ -63,6 +65,7 @@ __all__ = [
     "plot_collectives",
     "plot_cpu_backends",
     "plot_cpu_scaling",
+    "plot_gpu_inputs",
     "plot_gpu_scaling",
     "plot_jax_batched_forms",
     "plot_mpi_collectives",
@@ -87,6 +90,7 @@ PLOTTERS = {
     "collectives": plot_collectives,
     "cpu_backends": plot_cpu_backends,
     "cpu_scaling": plot_cpu_scaling,
+    "gpu_inputs": plot_gpu_inputs,
     "gpu_scaling": plot_gpu_scaling,
     "jax_batched_forms": plot_jax_batched_forms,
     "mpi_collectives": plot_mpi_collectives,

@@ -48,7 +48,7 @@ class Data:
         self._ndim = int(ndim)
         self._minibatch = bool(minibatch)
         self._name = name
-        self._memory = DataMemory(self._rt.token, "d%d" % ID, self._dtype)
+        self._memory = DataMemory(self._rt.token, "d%d" % ID, self._dtype, device=self._rt.device)
 
     @property
     def _array(self):

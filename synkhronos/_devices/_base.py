@@ -84,6 +84,12 @@ class Device:
     def after_updates(self, core):
         """After a call of ``core`` updated its shared variables on this rank."""
 
+    def pin_host(self, segment):
+        """Page-lock a shared-memory ``segment`` this rank reads inputs from,
+        where the device copies from there faster (GPU ranks); returns the
+        function that undoes it, or None (here: nothing done)."""
+        return None
+
     def place_shareds(self, shareds):
         """Put the distributed shared variables' values where calls use them."""
 

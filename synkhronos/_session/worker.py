@@ -56,7 +56,7 @@ class _WorkerState:
         if config["device"] != "gpu":
             self.device.jax_cores = worker_jax_cores(config, cluster)
         self.exchange = ExchangeBuffer(self.token, self.rank, inline=remote)
-        self.cache = shared_memory.SegmentCache(host=cluster.host if remote else None)
+        self.cache = shared_memory.SegmentCache(host=cluster.host if remote else None, device=self.device)
         self.host_copies = {}  # slot -> Segment: this host's copies of Data (host leaders, MPI)
         self.cores = None
         self.shareds = None

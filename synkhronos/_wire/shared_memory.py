@@ -95,6 +95,7 @@ class Segment:
     def __init__(self, name, nbytes=None, reserve=None):
         self.name = name
         self._reserved = 0
+        self._unpin = None  # (pid, undo) of ``pin``: undone in that process alone, not a forked child
         if nbytes is None:
             shm = posix_ipc.SharedMemory(name)
             self._reserved = shm.size  # another process's: its owner reserves it
@@ -144,6 +145,12 @@ class Segment:
             # Where the file system cannot reserve, nothing is tried again.
             self._reserved = nbytes if room.reserve(fd, self._reserved, nbytes) else self.nbytes
 
+    def pin(self, device):
+        """Have ``device`` (if any) page-lock this mapping until ``close`` (``device.pin_host``)."""
+        undo = None if device is None or self._unpin else device.pin_host(self)
+        if undo is not None:
+            self._unpin = (os.getpid(), undo)
+
     def array(self, dtype, shape, offset=0):
         """A numpy view of the segment's memory."""
         dtype = np.dtype(dtype)
@@ -158,7 +165,10 @@ class Segment:
         frames of a traceback that JAX kept while it traced a rank's share).
         Only where a segment is released (``free_memory``, ``close()``, a
         worker's ``drop``): a segment replaced by a larger one while the user
-        holds a view of it would pay a collection each time."""
+        holds a view of it would pay a collection each time.  Unlocks first."""
+        pinned, self._unpin = self._unpin, None
+        if pinned is not None and pinned[0] == os.getpid():
+            pinned[1]()
         try:
             self.mmap.close()
         except BufferError:  # a numpy view is still exported
@@ -213,12 +223,15 @@ class DataMemory:
     slot : str
         This object's slot among the session's segments.
     dtype : numpy dtype
+    device : device layer, optional
+        Page-locks each segment where that speeds its rank's inputs (``Segment.pin``).
     """
 
-    def __init__(self, token, slot, dtype):
+    def __init__(self, token, slot, dtype, device=None):
         self._token = token
         self._slot = slot
         self._dtype = dtype
+        self._device = device
         self._gen = 0
         self.segment = None
         self.array = None  # the view the Data object hands out
@@ -246,6 +259,7 @@ class DataMemory:
         self._gen += 1
         if kept:
             seg.array(self._dtype, (items,))[:kept] = keep.reshape(-1)[:kept]
+        seg.pin(self._device)
         self._drop_segment()
         self.segment = seg
         return seg.name
@@ -303,12 +317,15 @@ class SegmentCache:
     host : int, optional
         On a host other than the master's (MPI launch): map this host's copies
         (``host_copy_name``) of the segments that refs name.
+    device : device layer, optional
+        Page-locks each segment mapped (see ``DataMemory``).
     """
 
-    def __init__(self, host=None):
+    def __init__(self, host=None, device=None):
         self._by_slot = {}
         self._views = {}  # array ref -> numpy view, reused call after call
         self._host = host
+        self._device = device
 
     def segment(self, name):
         """The mapped segment ``name`` (this host's copy of it, see ``host``),
@@ -321,6 +338,7 @@ class SegmentCache:
             if seg is not None:
                 self._close(seg)
             seg = Segment(name)
+            seg.pin(self._device)
             self._by_slot[slot] = seg
         return seg
 

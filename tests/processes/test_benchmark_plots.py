@@ -7,6 +7,7 @@ cannot run here, so their payloads are built by the scripts' own
 ``main`` uses) from made-up timings, and drawn both in-process and by plot.py.
 """
 
+import argparse
 import ast
 import importlib.util
 import json
@@ -29,6 +30,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # (width, height) in pixels of each benchmark's picture.
 PIXELS = {"bf16_loss_curve": (1200, 500), "call_overhead": (1500, 500), "collectives": (1300, 550),
           "cpu_backends": (1300, 500), "cpu_scaling": (1200, 500), "gpu_scaling": (1200, 500),
+          "gpu_inputs": (1200, 500),
           "mpi_collectives": (1500, 500), "resnet50_profile": (1300, 500), "resnet50_scaling": (1200, 500),
           "soak": (1200, 500), "call_timeline": (1300, 410),  # call_timeline: one case
           "session_start": (1200, 500)}
@@ -353,8 +355,23 @@ def _bf16_loss_curve_payload():
     return payload
 
 
+def _gpu_inputs_payload():
+    mod = _script("gpu_inputs")
+    args = argparse.Namespace(sizes=[0.0625, 1, 16, 128], ranks=[1, 2], repeats=3)
+    records = [dict(ranks=n, side=side, mb=mb, ms=ms, gbps=mb * 2**20 / ms / 1e6, same_result=True,
+                    data_locked=mb >= 1)
+               for n in args.ranks for mb in args.sizes
+               for side, ms in (("plain_pageable", 0.2 + mb / 5), ("plain_locked", 0.2 + mb / 45),
+                                ("synk", 0.3 + mb / 45 / n))]
+    payload = mod.make_payload(_machine(gpus=2), args, records)
+    rows = mod._table_rows(records)
+    assert len(rows) == 8 and rows[-1][5] == "%.2fx" % ((0.2 + 128 / 5) / (0.3 + 128 / 90))
+    return payload
+
+
 GPU_PAYLOADS = {
     "bf16_loss_curve": _bf16_loss_curve_payload,
+    "gpu_inputs": _gpu_inputs_payload,
     "collectives": _collectives_payload,
     "gpu_scaling": _gpu_scaling_payload,
     "resnet50_scaling": _resnet_payload,

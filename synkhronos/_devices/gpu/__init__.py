@@ -19,6 +19,7 @@ from .._base import Device
 from ._collectives import _NCCL_DTYPE_NAMES, CollectivesMixin
 from ._env import _PRECISION_ENV, PRECISIONS, EnvMixin, gpu_stack_available, visible_gpus
 from ._outputs import OutputsMixin
+from ._pinning import PinningMixin
 from ._stream import StreamMixin
 from ._values import ValuesMixin
 
@@ -27,7 +28,7 @@ __all__ = ["GpuDevice", "visible_gpus", "gpu_stack_available", "PRECISIONS", "GP
 GPU_SPIN_S = 5e-3  # see GpuDevice.spin_s
 
 
-class GpuDevice(EnvMixin, ValuesMixin, StreamMixin, CollectivesMixin, OutputsMixin, Device):
+class GpuDevice(EnvMixin, ValuesMixin, StreamMixin, CollectivesMixin, OutputsMixin, PinningMixin, Device):
     """Device layer for GPU worker processes (see module docstring)."""
 
     name = "gpu"

@@ -1,0 +1,102 @@
+"""Data on GPU ranks: every rank page-locks a Data segment of at least
+``PIN_MIN_BYTES`` (``_devices/gpu/_pinning.py``), so that JAX copies the rows to
+the GPU straight from shared memory.  Checked here: which segments are locked
+(across the threshold, and when a Data is reallocated or freed), that calls on
+locked rows give numpy's values (whole, sliced and indexed), and that a call has
+read its rows when it returns, so the user may overwrite them at once."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+import synkhronos as synk
+from synkhronos._devices.gpu._pinning import PIN_MIN_BYTES, address_of
+
+COLS = 256  # float32 columns: a row is 1 KiB
+ROW = COLS * 4
+_HOST = 1  # cudaMemoryTypeHost: page-locked host memory (0: pageable)
+
+
+@pytest.fixture(scope="module")
+def session():
+    synk.fork(2, use_gpu=True)
+    x = pt.matrix("x", dtype="float32")
+    sums = synk.function([x], outputs=[(x.sum(axis=0), "sum"), ((x * x).sum(), "sum")])
+    acc = pytensor.shared(np.zeros(COLS, dtype="float32"), name="acc")
+    accumulate = synk.function([x], updates=[(acc, acc + x.sum(axis=0))])
+    synk.distribute()
+    yield sums, accumulate, acc
+    synk.close()
+
+
+def _locked(address):
+    from cupy.cuda import runtime
+
+    try:
+        return runtime.pointerGetAttributes(address).type == _HOST
+    except runtime.CUDARuntimeError:  # no longer mapped
+        return False
+
+
+def _check_sums(fn, data, x, **batch):
+    rows = x[batch["batch"]] if batch else x
+    col, sq = fn(data, **batch)
+    np.testing.assert_allclose(col, rows.astype(np.float64).sum(axis=0), rtol=1e-5, atol=2e-3)
+    np.testing.assert_allclose(sq, (rows.astype(np.float64) ** 2).sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("nbytes", [PIN_MIN_BYTES - ROW, PIN_MIN_BYTES, 3 * PIN_MIN_BYTES + 7 * ROW])
+def test_data_from_the_threshold_up_is_locked_and_gives_numpys_values(session, nbytes):
+    sums = session[0]
+    rng = np.random.default_rng(nbytes)
+    x = rng.standard_normal((nbytes // ROW, COLS)).astype(np.float32)
+    data = synk.data(x)
+    segment = data._memory.segment
+    address = address_of(segment)
+    assert segment.nbytes == nbytes
+    assert _locked(address) == (nbytes >= PIN_MIN_BYTES)
+    _check_sums(sums, data, x)
+    _check_sums(sums, data, x, batch=slice(5, len(x) - 3))  # rows at an offset in the segment
+    _check_sums(sums, data, x, batch=rng.permutation(len(x))[: len(x) // 3])  # gathered
+    data.free_memory()
+    assert not _locked(address)
+
+
+def test_a_data_reallocated_across_the_threshold_is_locked_and_the_old_one_unlocked(session):
+    sums = session[0]
+    rng = np.random.default_rng(1)
+    small = rng.standard_normal((64, COLS)).astype(np.float32)
+    data = synk.data(small)
+    old = address_of(data._memory.segment)
+    assert not _locked(old)
+    _check_sums(sums, data, small)
+    large = rng.standard_normal((2 * PIN_MIN_BYTES // ROW, COLS)).astype(np.float32)
+    data.set_value(large)
+    assert _locked(address_of(data._memory.segment))
+    _check_sums(sums, data, large)
+    locked = address_of(data._memory.segment)
+    larger = rng.standard_normal((4 * PIN_MIN_BYTES // ROW + 1, COLS)).astype(np.float32)
+    data.set_value(larger)
+    assert not _locked(locked)
+    assert _locked(address_of(data._memory.segment))
+    _check_sums(sums, data, larger)
+    data.free_memory()
+
+
+def test_a_call_has_read_its_locked_rows_when_it_returns(session):
+    """Each call's rows are overwritten the moment it returns: had a rank's copy
+    to its GPU still been reading them, its sum would hold the new values."""
+    _, accumulate, acc = session
+    rows = 32 * PIN_MIN_BYTES // ROW
+    data = synk.data(shape=(rows, COLS), dtype="float32")
+    assert _locked(address_of(data._memory.segment))
+    synk.broadcast(acc, np.zeros(COLS, dtype=np.float32))  # every rank from zero
+    fills = [1.0, 2.0, 3.0, 4.0, 5.0]
+    for k in fills:
+        data.data[:] = k
+        accumulate(data)
+        data.data[:] = -1e6
+    synk.all_reduce(acc, op="sum")
+    np.testing.assert_array_equal(acc.get_value(), np.full(COLS, sum(fills) * rows, dtype=np.float32))
+    data.free_memory()

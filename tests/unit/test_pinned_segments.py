@@ -1,0 +1,123 @@
+"""Page-locking of Data segments (``Segment.pin``), against a device that records
+what it locks: every segment a Data allocates or a rank maps is offered to the
+device once, and each lock is undone exactly once, before the mapping goes
+(reallocation, release, a cache's drop or clear), never in a forked child.
+The GPU side (``cudaHostRegister`` itself) is tested in ``tests/gpu``."""
+
+import os
+
+import numpy as np
+import pytest
+
+from synkhronos._devices.cpu import CpuDevice
+from synkhronos._wire import shared_memory
+
+
+class RecordingDevice:
+    """Locks every segment of at least ``min_bytes``; records locks and unlocks."""
+
+    def __init__(self, min_bytes=0):
+        self.min_bytes = min_bytes
+        self.locked = {}  # address -> segment name, while locked
+        self.log = []
+
+    def pin_host(self, segment):
+        if segment.nbytes < self.min_bytes:
+            return None
+        address = np.frombuffer(segment.mmap, dtype=np.uint8).ctypes.data
+        assert address not in self.locked, "locked twice"
+        self.locked[address] = segment.name
+        self.log.append(("lock", segment.name))
+
+        def undo():
+            assert address in self.locked, "unlocked twice"
+            del self.locked[address]
+            self.log.append(("unlock", segment.name))
+
+        return undo
+
+
+@pytest.fixture
+def token():
+    tok = shared_memory.new_token()
+    yield tok
+    shared_memory.unlink_session(tok)
+
+
+def test_a_data_segment_is_locked_once_and_unlocked_when_replaced_or_released(token):
+    device = RecordingDevice()
+    memory = shared_memory.DataMemory(token, "d1", np.dtype("float32"), device=device)
+    first = memory.allocate(1000)
+    memory.view((1000,))
+    memory.array[:] = 3.0
+    assert list(device.locked.values()) == [first]
+    second = memory.allocate(5000, keep=memory.array)  # a larger generation, values kept
+    memory.view((5000,))
+    assert list(device.locked.values()) == [second]
+    assert device.log == [("lock", first), ("lock", second), ("unlock", first)]
+    np.testing.assert_array_equal(memory.array[:1000], 3.0)
+    memory.release()
+    assert device.locked == {}
+    assert device.log[-1] == ("unlock", second)
+
+
+def test_a_rank_locks_each_segment_it_maps_once_and_unlocks_it_before_unmapping(token):
+    owner = RecordingDevice()  # the master's, which locks its own mapping
+    data = shared_memory.DataMemory(token, "d2", np.dtype("float64"), device=owner)
+    name = data.allocate(4096)
+    data.view((4096,))
+    data.array[:] = np.arange(4096)
+    rank = RecordingDevice()
+    cache = shared_memory.SegmentCache(device=rank)
+    ref = shared_memory.array_ref(name, 0, "float64", (4096,))
+    np.testing.assert_array_equal(cache.view(ref), np.arange(4096))
+    cache.view(ref)
+    cache.segment(name)
+    assert rank.log == [("lock", name)]  # mapped once, locked once
+    cache.drop(name)
+    assert rank.log == [("lock", name), ("unlock", name)]
+    cache.view(ref)  # mapped again: locked again
+    newer = data.allocate(8192)
+    data.view((8192,))
+    cache.view(shared_memory.array_ref(newer, 0, "float64", (8192,)))  # the slot's next generation
+    assert rank.log[2:] == [("lock", name), ("unlock", name), ("lock", newer)]
+    cache.clear()
+    assert rank.locked == {}
+    data.release()
+    assert owner.locked == {}
+
+
+def test_segments_the_device_leaves_alone_are_not_tracked(token):
+    device = RecordingDevice(min_bytes=1 << 20)
+    memory = shared_memory.DataMemory(token, "d3", np.dtype("uint8"), device=device)
+    memory.allocate((1 << 20) - 1)
+    assert device.log == []
+    name = memory.allocate(1 << 20)  # at the threshold: locked
+    assert device.log == [("lock", name)]
+    memory.release()
+    assert device.locked == {}
+
+
+def test_cpu_ranks_lock_nothing(token):
+    segment = shared_memory.Segment(shared_memory.segment_name(token, "d4", 1), 4 << 20)
+    try:
+        assert CpuDevice().pin_host(segment) is None
+        segment.pin(CpuDevice())
+        segment.pin(None)
+        assert segment._unpin is None
+    finally:
+        segment.unlink()
+        segment.close()
+
+
+def test_a_forked_child_never_unlocks_its_parents_lock(token, monkeypatch):
+    """CUDA cannot be called in a forked child (PyMC's chains): closing there
+    leaves the lock to the parent (whose process end releases it anyway)."""
+    device = RecordingDevice()
+    segment = shared_memory.Segment(shared_memory.segment_name(token, "d5", 1), 4096)
+    segment.pin(device)
+    parent = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: parent + 1)
+    segment.unlink()
+    segment.close()
+    assert device.log == [("lock", segment.name)]  # not undone in the "child"

@@ -10,7 +10,8 @@ from _plot_common import _figure, _finish, _machine_line, _style
 __all__ = ["plot_gpu_inputs"]
 
 _PLAIN = (("plain_pageable", "plain PyTensor (JAX), numpy input as given", "C1", "s", "--"),
-          ("plain_locked", "plain PyTensor (JAX), input page-locked by hand", "C2", "D", ":"))
+          ("plain_locked", "plain PyTensor (JAX), input page-locked by hand", "C2", "D", ":"),
+          ("plain_gathered", "plain PyTensor (JAX), rows gathered first (x[idx])", "C7", "v", "--"))
 
 
 def plot_gpu_inputs(payload, png):
@@ -39,11 +40,12 @@ def plot_gpu_inputs(payload, png):
             ax.plot([p[0] for p in pts], [p[k] for p in pts], marker=marker, ls=style, color=color,
                     label=label)
     for i, n in enumerate(ranks):
-        pts = sorted((r["mb"], r["gbps"], r["ms"]) for r in recs if r["ranks"] == n and r["side"] == "synk")
-        label = "Synkhronos, %d GPU rank%s (Data)" % (n, "s" if n > 1 else "")
-        for ax, k in ((ax_bw, 1), (ax_ms, 2)):
-            ax.plot([p[0] for p in pts], [p[k] for p in pts], "o-", color="C%d" % (0 if i == 0 else 3 + i),
-                    lw=2, label=label)
+        for side, how, style in (("synk", "Data", "o-"), ("synk_gathered", "batch=idx", "o--")):
+            pts = sorted((r["mb"], r["gbps"], r["ms"]) for r in recs if r["ranks"] == n and r["side"] == side)
+            label = "Synkhronos, %d GPU rank%s (%s)" % (n, "s" if n > 1 else "", how)
+            for ax, k in ((ax_bw, 1), (ax_ms, 2)):
+                ax.plot([p[0] for p in pts], [p[k] for p in pts], style, lw=2, label=label,
+                        color="C%d" % (0 if i == 0 else 3 + i))
     sizes = sorted({r["mb"] for r in recs})
     for ax in (ax_bw, ax_ms):
         ax.set_xscale("log", base=2)

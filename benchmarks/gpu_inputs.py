@@ -7,7 +7,10 @@ count of GPU ranks in ``--ranks``.  The same graph compiled with plain
 the same values as a numpy array: from ordinary (pageable) memory, as a user's
 script gives it, and from page-locked memory (``cudaHostRegister``, then JAX's
 own copy), the fastest such a script gets by hand.  Synkhronos page-locks a Data
-of 1 MiB or more on every GPU rank (``_devices/gpu/_pinning.py``).
+of 1 MiB or more on every GPU rank (``_devices/gpu/_pinning.py``).  Then the
+same with every row chosen in a random order: ``batch=`` an index array (each
+rank gathers its rows into a page-locked buffer) against the plain function on
+``x[idx]`` (a user's gather, then JAX's copy).
 
 Every call waits for its outputs, copied to the host.  Reported per size: ms per
 call (median of each side's calls, the sides alternated over ``--repeats``
@@ -35,7 +38,7 @@ from _common import (
 )
 
 COLS = 256  # float32 columns: a row is 1 KiB
-SIDES = ("plain_pageable", "plain_locked", "synk")
+SIDES = ("plain_pageable", "plain_locked", "synk", "plain_gathered", "synk_gathered")
 
 
 @contextlib.contextmanager
@@ -69,9 +72,13 @@ def _size_records(n, mb, fn, plain, synk, repeats, rng):
     runtime.hostRegister(locked.ctypes.data, locked.nbytes, 1)
     data = synk.data(values)
     want = np.asarray(plain(pageable))
-    same = bool(np.allclose(fn(data), want, rtol=1e-4, atol=1e-2))
+    same = bool(np.allclose(fn(data), want, rtol=1e-4, atol=1e-2)) and bool(
+        np.allclose(fn(data, batch=rng.permutation(rows)), want, rtol=1e-4, atol=1e-2))
+    idx = rng.permutation(rows)
     calls = {"plain_pageable": lambda: np.asarray(plain(pageable)),
-             "plain_locked": lambda: np.asarray(plain(locked)), "synk": lambda: fn(data)}
+             "plain_locked": lambda: np.asarray(plain(locked)), "synk": lambda: fn(data),
+             "plain_gathered": lambda: np.asarray(plain(pageable[idx])),
+             "synk_gathered": lambda: fn(data, batch=idx)}
     times = {side: [] for side in SIDES}
     for call in calls.values():
         call()
@@ -120,12 +127,12 @@ def _table_rows(records):
     for r in records:
         if r["side"] != "synk":
             continue
-        plain = by[(r["ranks"], r["mb"], "plain_pageable")]
-        locked = by[(r["ranks"], r["mb"], "plain_locked")]
-        rows.append(["%.4g" % r["mb"], r["ranks"], "%.3f (%.1f)" % (plain["ms"], plain["gbps"]),
-                     "%.3f (%.1f)" % (locked["ms"], locked["gbps"]), "%.3f (%.1f)" % (r["ms"], r["gbps"]),
-                     "%.2fx" % (plain["ms"] / r["ms"]), "yes" if r["data_locked"] else "no",
-                     "yes" if r["same_result"] else "NO"])
+        side = {k: by[(r["ranks"], r["mb"], k)] for k in SIDES}
+        rows.append(["%.4g" % r["mb"], r["ranks"]] + ["%.3f (%.1f)" % (side[k]["ms"], side[k]["gbps"])
+                                                    for k in SIDES]
+                    + ["%.2fx" % (side["plain_pageable"]["ms"] / r["ms"]),
+                       "%.2fx" % (side["plain_gathered"]["ms"] / side["synk_gathered"]["ms"]),
+                       "yes" if r["data_locked"] else "no", "yes" if r["same_result"] else "NO"])
     return rows
 
 
@@ -141,8 +148,9 @@ def main(argv=None):
     print_machine(info)
     records = [r for n in args.ranks for r in run_session(n, args)]
     print("a sum of a float32 input, called with the input and waited for; ms per call (GB/s of input)")
-    print(table(["MiB", "GPU ranks", "plain, pageable", "plain, page-locked", "synk", "synk vs plain",
-                 "Data locked", "same sum"], _table_rows(records)))
+    print(table(["MiB", "GPU ranks", "plain, pageable", "plain, page-locked", "synk", "plain, x[idx]",
+                 "synk, batch=idx", "synk vs plain", "gathered: synk vs plain", "Data locked", "same sum"],
+                _table_rows(records)))
     write_results(args.out, make_payload(info, args, records))
 
 

@@ -10,7 +10,6 @@ from .._common.selections import (
     selection_length,
     split_bounds,
     sub_selection,
-    take_rows,
 )
 
 __all__ = ["device_reduction", "run_share", "run_share_reduced", "share_rows"]
@@ -129,7 +128,7 @@ def run_share(core, device, scattered, bcast, share_sel, subset, num_slices):
     if weight is None:  # nothing to split: every rank runs the whole function
         return 1, _run_whole(core, device, key, _fit(core, bcast))
     if slices == 1:
-        ins = [take_rows(a, sel) for a, sel in scattered] + list(bcast)
+        ins = [device.input_rows(k, a, sel) for k, (a, sel) in enumerate(scattered)] + list(bcast)
         return weight, _run_whole(core, device, key, _fit(core, ins) + core.share_args(share_sel, None)[1])
     return weight, _run_sliced(core, device, key, scattered, bcast, share_sel, weight, slices)
 
@@ -148,9 +147,9 @@ def _run_sliced(core, device, key, scattered, bcast, share_sel, length, slices):
     upd_accs = [Accumulator(m) for m in core.update_modes] if accumulate else []
     for start, stop in split_bounds(length, slices):
         ins = []
-        for a, sel in scattered:
+        for k, (a, sel) in enumerate(scattered):
             part = slice(start, stop) if sel is None else sub_selection(sel, start, stop)
-            ins.append(take_rows(a, part))
+            ins.append(device.input_rows(k, a, part))
         ins = _fit(core, ins + list(bcast))
         if kind is not None:
             ins += core.share_args(share_sel, (start, stop))[1]

@@ -3,6 +3,7 @@
 a device only through these members."""
 
 from .._common.env import SPIN_DEFAULT
+from .._common.selections import take_rows
 
 __all__ = ["Device"]
 
@@ -83,6 +84,11 @@ class Device:
 
     def after_updates(self, core):
         """After a call of ``core`` updated its shared variables on this rank."""
+
+    def input_rows(self, k, array, sel):
+        """Rows ``sel`` of ``array``, this rank's share of scattered input
+        ``k`` of a call: a view for a slice, a gathered copy for indices."""
+        return take_rows(array, sel)
 
     def pin_host(self, segment):
         """Page-lock a shared-memory ``segment`` this rank reads inputs from,

@@ -3,7 +3,10 @@
 the GPU straight from shared memory.  Checked here: which segments are locked
 (across the threshold, and when a Data is reallocated or freed), that calls on
 locked rows give numpy's values (whole, sliced and indexed), and that a call has
-read its rows when it returns, so the user may overwrite them at once."""
+read its rows when it returns, so the user may overwrite them at once.  Rows
+gathered by ``batch=`` index arrays go through a page-locked buffer per input,
+which each call reuses: two inputs must not share one, and a call must not
+overwrite the rows the call before it still had to read."""
 
 import numpy as np
 import pytensor
@@ -25,8 +28,10 @@ def session():
     sums = synk.function([x], outputs=[(x.sum(axis=0), "sum"), ((x * x).sum(), "sum")])
     acc = pytensor.shared(np.zeros(COLS, dtype="float32"), name="acc")
     accumulate = synk.function([x], updates=[(acc, acc + x.sum(axis=0))])
+    y = pt.matrix("y", dtype="float32")
+    products = synk.function([x, y], outputs=((x * y).sum(axis=0), "sum"))
     synk.distribute()
-    yield sums, accumulate, acc
+    yield sums, accumulate, acc, products
     synk.close()
 
 
@@ -87,7 +92,7 @@ def test_a_data_reallocated_across_the_threshold_is_locked_and_the_old_one_unloc
 def test_a_call_has_read_its_locked_rows_when_it_returns(session):
     """Each call's rows are overwritten the moment it returns: had a rank's copy
     to its GPU still been reading them, its sum would hold the new values."""
-    _, accumulate, acc = session
+    _, accumulate, acc, _ = session
     rows = 32 * PIN_MIN_BYTES // ROW
     data = synk.data(shape=(rows, COLS), dtype="float32")
     assert _locked(address_of(data._memory.segment))
@@ -99,4 +104,35 @@ def test_a_call_has_read_its_locked_rows_when_it_returns(session):
         data.data[:] = -1e6
     synk.all_reduce(acc, op="sum")
     np.testing.assert_array_equal(acc.get_value(), np.full(COLS, sum(fills) * rows, dtype=np.float32))
+    data.free_memory()
+
+
+def test_gathered_inputs_through_their_kept_buffers_give_numpys_values(session):
+    products = session[3]
+    rng = np.random.default_rng(2)
+    rows = 8 * PIN_MIN_BYTES // ROW
+    x = rng.standard_normal((rows, COLS)).astype(np.float32)
+    y = rng.standard_normal((rows, COLS)).astype(np.float32)
+    dx, dy = synk.data(x), synk.data(y)
+    for n in (rows // 2, rows, 3 * rows // 4, 5):  # a buffer per input and rank: grown, reused, unused
+        idx = rng.integers(0, rows, n)
+        want = (x[idx].astype(np.float64) * y[idx]).sum(axis=0)
+        np.testing.assert_allclose(products(dx, dy, batch=idx), want, rtol=1e-4, atol=5e-3)
+    dx.free_memory()
+    dy.free_memory()
+
+
+def test_a_call_has_read_its_gathered_rows_before_the_next_gathers_over_them(session):
+    _, accumulate, acc, _ = session
+    rows = 8 * PIN_MIN_BYTES // ROW
+    values = np.repeat(np.arange(rows, dtype=np.float32)[:, None] % 256, COLS, axis=1)
+    data = synk.data(values)
+    synk.broadcast(acc, np.zeros(COLS, dtype=np.float32))
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, rows, 3 * rows // 4) for _ in range(6)]
+    for idx in batches:
+        accumulate(data, batch=idx)  # no outputs: returns once every rank has queued it
+    synk.all_reduce(acc, op="sum")
+    want = sum(float(values[idx, 0].astype(np.float64).sum()) for idx in batches)
+    np.testing.assert_array_equal(acc.get_value(), np.full(COLS, want, dtype=np.float32))
     data.free_memory()

@@ -362,10 +362,12 @@ def _gpu_inputs_payload():
                     data_locked=mb >= 1)
                for n in args.ranks for mb in args.sizes
                for side, ms in (("plain_pageable", 0.2 + mb / 5), ("plain_locked", 0.2 + mb / 45),
-                                ("synk", 0.3 + mb / 45 / n))]
+                                ("synk", 0.3 + mb / 45 / n), ("plain_gathered", 0.2 + mb / 3),
+                                ("synk_gathered", 0.3 + mb / 10 / n))]
     payload = mod.make_payload(_machine(gpus=2), args, records)
     rows = mod._table_rows(records)
-    assert len(rows) == 8 and rows[-1][5] == "%.2fx" % ((0.2 + 128 / 5) / (0.3 + 128 / 90))
+    assert len(rows) == 8 and rows[-1][7] == "%.2fx" % ((0.2 + 128 / 5) / (0.3 + 128 / 90))
+    assert rows[-1][8] == "%.2fx" % ((0.2 + 128 / 3) / (0.3 + 128 / 20))
     return payload
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from synkhronos._devices.cpu import CpuDevice
+from synkhronos._devices.gpu._pinning import PIN_MIN_BYTES, PinningMixin
 from synkhronos._wire import shared_memory
 
 
@@ -121,3 +122,56 @@ def test_a_forked_child_never_unlocks_its_parents_lock(token, monkeypatch):
     segment.unlink()
     segment.close()
     assert device.log == [("lock", segment.name)]  # not undone in the "child"
+
+
+class StagingDevice(PinningMixin):
+    """``input_rows`` of a GPU rank, with numpy standing in for page-locked memory."""
+
+    def __init__(self):
+        self._staging = {}
+
+
+@pytest.fixture
+def staging(monkeypatch):
+    import sys
+    import types
+
+    allocated = []
+
+    def empty_pinned(shape, dtype):
+        allocated.append(shape)
+        return np.empty(shape, dtype)
+
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(empty_pinned=empty_pinned))
+    return StagingDevice(), allocated
+
+
+def test_gathered_rows_from_the_threshold_up_land_in_one_kept_buffer_per_input(staging):
+    device, allocated = staging
+    rng = np.random.default_rng(0)
+    rows = PIN_MIN_BYTES // 1024  # float64 rows of 128 values: 1 KiB
+    x = rng.standard_normal((3 * rows, 128))
+    y = rng.standard_normal((3 * rows, 128))
+    small = rng.permutation(3 * rows)[: rows - 1]
+    np.testing.assert_array_equal(device.input_rows(0, x, small), x[small])
+    assert allocated == []  # below the threshold: an ordinary copy
+    seen = []
+    for n in (rows, 2 * rows, rows + 5, 2 * rows):  # grows once, then reuses
+        idx = rng.permutation(3 * rows)[:n]
+        gx, gy = device.input_rows(0, x, idx), device.input_rows(1, y, idx)
+        np.testing.assert_array_equal(gx, x[idx])
+        np.testing.assert_array_equal(gy, y[idx])  # input 1 did not overwrite input 0's rows
+        seen.append((gx.__array_interface__["data"][0], gy.__array_interface__["data"][0]))
+    assert allocated == [(rows * 1024,)] * 2 + [(2 * rows * 1024,)] * 2
+    assert seen[1] == seen[2] == seen[3] and seen[0] != seen[1]
+    view = device.input_rows(0, x, slice(3, 9))
+    assert view.base is x or view.base is x.base  # slices stay views
+
+
+def test_gathered_rows_out_of_range_raise_instead_of_clipping(staging):
+    device, _ = staging
+    x = np.zeros((PIN_MIN_BYTES // 8 + 1,))
+    idx = np.arange(len(x))
+    idx[-1] = len(x)
+    with pytest.raises(IndexError, match="outside"):
+        device.input_rows(0, x, idx)

@@ -67,4 +67,5 @@ class GpuDevice(EnvMixin, ValuesMixin, StreamMixin, CollectivesMixin, OutputsMix
         self._gpu = None  # JAX's device in this process, see _jax_device
         self._pinned_kept = {}  # (output, shape, dtype) -> (GPU, page-locked host) arrays, see _landing
         self._sharding_seen = {}  # id(sharding) -> (it, on NCCL's GPU), see _on_nccl_gpu
+        self._staging = {}  # scattered input -> page-locked buffer its gathered rows go to (input_rows)
         self._ops = None

@@ -60,6 +60,7 @@ class StreamMixin:
         self._set_since.clear()
         self._pinned_kept.clear()
         self._sharding_seen.clear()
+        self._staging.clear()
         self._inflight.clear()
         self._own.clear()
         self._copier = None

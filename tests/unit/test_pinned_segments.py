@@ -129,6 +129,8 @@ class StagingDevice(PinningMixin):
 
     def __init__(self):
         self._staging = {}
+        self._gather_pool = None
+        self.n_parallel = 2
 
 
 @pytest.fixture
@@ -175,3 +177,29 @@ def test_gathered_rows_out_of_range_raise_instead_of_clipping(staging):
     idx[-1] = len(x)
     with pytest.raises(IndexError, match="outside"):
         device.input_rows(0, x, idx)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 4097])
+def test_a_large_gather_split_over_threads_gives_numpys_rows(staging, monkeypatch, n):
+    from synkhronos._devices.gpu import _pinning
+
+    device, _ = staging
+    monkeypatch.setattr(_pinning, "PIN_MIN_BYTES", 0)
+    monkeypatch.setattr(_pinning, "_SPLIT_BYTES", 0)
+    monkeypatch.setattr(StagingDevice, "_gather_threads", lambda self: 3)
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((5000, 7)).astype(np.float32)
+    idx = rng.integers(0, len(x), n)
+    np.testing.assert_array_equal(device.input_rows(0, x, idx), x[idx])
+    assert device._gather_pool is not None and device._gather_pool._max_workers == 3
+    device._gather_pool.shutdown()
+
+
+def test_a_rank_gathers_with_its_share_of_the_cores(monkeypatch):
+    from synkhronos._devices.gpu import _pinning
+
+    device = StagingDevice()
+    for cores, ranks, want in ((32, 2, 4), (8, 4, 2), (3, 2, 1), (2, 4, 1), (64, None, 4)):
+        monkeypatch.setattr(_pinning.os, "sched_getaffinity", lambda pid, c=cores: set(range(c)))
+        device.n_parallel = ranks
+        assert device._gather_threads() == want

@@ -82,3 +82,19 @@ def test_check_selection_fits():
         check_selection_fits(slice(0, 11), 10, "x")
     with pytest.raises(ValueError, match="index 10"):
         check_selection_fits(np.array([10]), 10, "x")
+
+
+@pytest.mark.parametrize("shape,dtype", [((50,), "float64"), ((50, 5), "float64"), ((50, 3, 4, 2), "float32"),
+                                         ((50, 0), "int32"), ((50, 2), "bool"), ((50, 2), "complex64")])
+@pytest.mark.parametrize("n", [0, 1, 7, 120])
+def test_take_rows_by_index_is_numpys_indexing(shape, dtype, n):
+    rng = np.random.default_rng(n)
+    a = (rng.standard_normal(shape) * 10).astype(dtype)
+    idx = rng.integers(0, shape[0], n).astype(np.int64)
+    got = take_rows(a, idx)
+    assert got.dtype == a.dtype and got.shape == a[idx].shape
+    np.testing.assert_array_equal(got, a[idx])
+    got[...] = 0  # a copy: the rows it came from are untouched
+    np.testing.assert_array_equal(a, (np.random.default_rng(n).standard_normal(shape) * 10).astype(dtype))
+    with pytest.raises(IndexError):
+        take_rows(a, np.array([shape[0]], dtype=np.int64))

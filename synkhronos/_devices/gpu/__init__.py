@@ -68,4 +68,5 @@ class GpuDevice(EnvMixin, ValuesMixin, StreamMixin, CollectivesMixin, OutputsMix
         self._pinned_kept = {}  # (output, shape, dtype) -> (GPU, page-locked host) arrays, see _landing
         self._sharding_seen = {}  # id(sharding) -> (it, on NCCL's GPU), see _on_nccl_gpu
         self._staging = {}  # scattered input -> page-locked buffer its gathered rows go to (input_rows)
+        self._gather_pool = None  # threads of large gathers (_pinning), made at the first
         self._ops = None

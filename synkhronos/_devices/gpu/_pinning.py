@@ -17,11 +17,16 @@ nothing measurable, and locking costs about 0.25 ms a segment.
 Rows chosen by an index array (``batch=``) are gathered into a copy, which JAX
 would then stage again: from ``PIN_MIN_BYTES`` up they are gathered into a
 page-locked buffer instead, one kept per scattered input and reused by its next
-call (the call before has read it, as above).
+call (the call before has read it, as above).  The gather is a copy on the host,
+bound by one core's memory traffic: from ``_SPLIT_BYTES`` up it is split over a
+few threads (``np.take`` releases the GIL), as many as this rank's share of the
+host's cores allows, at most ``_MAX_THREADS``.
 """
 
 import logging
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -33,6 +38,8 @@ logger = logging.getLogger("synkhronos")
 
 PIN_MIN_BYTES = 1 << 20
 _PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context of the process
+_SPLIT_BYTES = 8 << 20
+_MAX_THREADS = 4
 
 
 def address_of(segment):
@@ -64,8 +71,28 @@ class PinningMixin:
             self._staging.pop(k, None)  # (its memory back to CuPy's pool first)
             buffer = self._staging[k] = cupyx.empty_pinned((nbytes,), np.uint8)
         out = buffer[:nbytes].view(array.dtype).reshape(shape)
-        # mode="clip" writes into ``out`` directly ("raise" buffers); checked above.
-        return np.take(array, sel, axis=0, out=out, mode="clip")
+        return self._gather(array, sel, out)
+
+    def _gather(self, array, sel, out):
+        """``array[sel]`` into ``out``, split over threads when large (see
+        module docstring).  mode="clip" writes into ``out`` directly ("raise"
+        buffers it); ``input_rows`` checked the indices."""
+        threads = self._gather_threads() if out.nbytes >= _SPLIT_BYTES else 1
+        if threads < 2:
+            return np.take(array, sel, axis=0, out=out, mode="clip")
+        if self._gather_pool is None:
+            self._gather_pool = ThreadPoolExecutor(threads, thread_name_prefix="synkhronos-gather")
+        bounds = np.linspace(0, len(sel), threads + 1).astype(np.int64)
+        parts = [self._gather_pool.submit(np.take, array, sel[a:b], 0, out[a:b], "clip")
+                 for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        for part in parts:
+            part.result()
+        return out
+
+    def _gather_threads(self):
+        """Threads for a large gather: this rank's share of the cores it may use."""
+        ranks = max(1, self.n_parallel or 1)
+        return max(1, min(_MAX_THREADS, len(os.sched_getaffinity(0)) // ranks))
 
     def pin_host(self, segment):
         """Page-lock ``segment``'s mapping in this process (see module

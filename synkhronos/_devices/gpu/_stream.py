@@ -61,6 +61,9 @@ class StreamMixin:
         self._pinned_kept.clear()
         self._sharding_seen.clear()
         self._staging.clear()
+        pool, self._gather_pool = self._gather_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
         self._inflight.clear()
         self._own.clear()
         self._copier = None

@@ -47,21 +47,14 @@ def _quiet():
         yield
 
 
-def _locked(address):
-    from cupy.cuda import runtime
-
-    try:
-        return runtime.pointerGetAttributes(address).type == 1  # cudaMemoryTypeHost
-    except runtime.CUDARuntimeError:
-        return False
-
-
 def _calls(mb):
     return int(max(5, min(200, 400 / max(mb, 1e-3))))
 
 
 def _size_records(n, mb, fn, plain, synk, repeats, rng):
     from cupy.cuda import runtime
+
+    from synkhronos._devices.gpu._pinning import address_of, page_locked
 
     rows = max(1, int(mb * 2**20) // (COLS * 4))
     values = rng.standard_normal((rows, COLS)).astype(np.float32)
@@ -85,7 +78,7 @@ def _size_records(n, mb, fn, plain, synk, repeats, rng):
     for _ in range(repeats):
         for side in SIDES:
             times[side] += time_calls(calls[side], _calls(mb))
-    is_locked = _locked(np.frombuffer(data._memory.segment.mmap, np.uint8).ctypes.data)
+    is_locked = page_locked(address_of(data._memory.segment))
     data.free_memory()
     runtime.hostUnregister(locked.ctypes.data)  # (the mapping goes with its last view)
     nbytes = rows * COLS * 4

@@ -14,11 +14,10 @@ import pytensor.tensor as pt
 import pytest
 
 import synkhronos as synk
-from synkhronos._devices.gpu._pinning import PIN_MIN_BYTES, address_of
+from synkhronos._devices.gpu._pinning import PIN_MIN_BYTES, address_of, page_locked
 
 COLS = 256  # float32 columns: a row is 1 KiB
 ROW = COLS * 4
-_HOST = 1  # cudaMemoryTypeHost: page-locked host memory (0: pageable)
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +32,6 @@ def session():
     synk.distribute()
     yield sums, accumulate, acc, products
     synk.close()
-
-
-def _locked(address):
-    from cupy.cuda import runtime
-
-    try:
-        return runtime.pointerGetAttributes(address).type == _HOST
-    except runtime.CUDARuntimeError:  # no longer mapped
-        return False
 
 
 def _check_sums(fn, data, x, **batch):
@@ -60,12 +50,12 @@ def test_data_from_the_threshold_up_is_locked_and_gives_numpys_values(session, n
     segment = data._memory.segment
     address = address_of(segment)
     assert segment.nbytes == nbytes
-    assert _locked(address) == (nbytes >= PIN_MIN_BYTES)
+    assert page_locked(address) == (nbytes >= PIN_MIN_BYTES)
     _check_sums(sums, data, x)
     _check_sums(sums, data, x, batch=slice(5, len(x) - 3))  # rows at an offset in the segment
     _check_sums(sums, data, x, batch=rng.permutation(len(x))[: len(x) // 3])  # gathered
     data.free_memory()
-    assert not _locked(address)
+    assert not page_locked(address)
 
 
 def test_a_data_reallocated_across_the_threshold_is_locked_and_the_old_one_unlocked(session):
@@ -74,17 +64,17 @@ def test_a_data_reallocated_across_the_threshold_is_locked_and_the_old_one_unloc
     small = rng.standard_normal((64, COLS)).astype(np.float32)
     data = synk.data(small)
     old = address_of(data._memory.segment)
-    assert not _locked(old)
+    assert not page_locked(old)
     _check_sums(sums, data, small)
     large = rng.standard_normal((2 * PIN_MIN_BYTES // ROW, COLS)).astype(np.float32)
     data.set_value(large)
-    assert _locked(address_of(data._memory.segment))
+    assert page_locked(address_of(data._memory.segment))
     _check_sums(sums, data, large)
     locked = address_of(data._memory.segment)
     larger = rng.standard_normal((4 * PIN_MIN_BYTES // ROW + 1, COLS)).astype(np.float32)
     data.set_value(larger)
-    assert not _locked(locked)
-    assert _locked(address_of(data._memory.segment))
+    assert not page_locked(locked)
+    assert page_locked(address_of(data._memory.segment))
     _check_sums(sums, data, larger)
     data.free_memory()
 
@@ -95,7 +85,7 @@ def test_a_call_has_read_its_locked_rows_when_it_returns(session):
     _, accumulate, acc, _ = session
     rows = 32 * PIN_MIN_BYTES // ROW
     data = synk.data(shape=(rows, COLS), dtype="float32")
-    assert _locked(address_of(data._memory.segment))
+    assert page_locked(address_of(data._memory.segment))
     synk.broadcast(acc, np.zeros(COLS, dtype=np.float32))  # every rank from zero
     fills = [1.0, 2.0, 3.0, 4.0, 5.0]
     for k in fills:
@@ -114,7 +104,8 @@ def test_gathered_inputs_through_their_kept_buffers_give_numpys_values(session):
     x = rng.standard_normal((rows, COLS)).astype(np.float32)
     y = rng.standard_normal((rows, COLS)).astype(np.float32)
     dx, dy = synk.data(x), synk.data(y)
-    for n in (rows // 2, rows, 3 * rows // 4, 5):  # a buffer per input and rank: grown, reused, unused
+    # a buffer per input and rank: grown, reused, unused; then 8 MiB a rank, split over threads
+    for n in (rows // 2, rows, 3 * rows // 4, 5, 2 * rows + 7):
         idx = rng.integers(0, rows, n)
         want = (x[idx].astype(np.float64) * y[idx]).sum(axis=0)
         np.testing.assert_allclose(products(dx, dy, batch=idx), want, rtol=1e-4, atol=5e-3)

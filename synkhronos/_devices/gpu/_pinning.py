@@ -32,12 +32,13 @@ import numpy as np
 
 from ..._common.selections import take_rows
 
-__all__ = ["PinningMixin", "PIN_MIN_BYTES", "address_of"]
+__all__ = ["PinningMixin", "PIN_MIN_BYTES", "address_of", "page_locked"]
 
 logger = logging.getLogger("synkhronos")
 
 PIN_MIN_BYTES = 1 << 20
 _PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context of the process
+_HOST = 1  # cudaMemoryTypeHost: page-locked host memory (0: pageable)
 _SPLIT_BYTES = 8 << 20
 _MAX_THREADS = 4
 
@@ -45,6 +46,17 @@ _MAX_THREADS = 4
 def address_of(segment):
     """The address of ``segment``'s mapping in this process."""
     return np.frombuffer(segment.mmap, dtype=np.uint8).ctypes.data
+
+
+def page_locked(address):
+    """Whether CUDA holds the host memory at ``address`` page-locked (False
+    where nothing is mapped there any more)."""
+    from cupy.cuda import runtime
+
+    try:
+        return runtime.pointerGetAttributes(address).type == _HOST
+    except runtime.CUDARuntimeError:
+        return False
 
 
 class PinningMixin:
@@ -55,12 +67,10 @@ class PinningMixin:
         a view for a slice; for an index array, a copy, gathered into the
         page-locked buffer kept for input ``k`` from ``PIN_MIN_BYTES`` up (see
         module docstring)."""
-        if not isinstance(sel, np.ndarray):
-            return take_rows(array, sel)
-        shape = (len(sel),) + array.shape[1:]
-        nbytes = math.prod(shape) * array.itemsize
+        shape = (len(sel),) + array.shape[1:] if isinstance(sel, np.ndarray) else None
+        nbytes = 0 if shape is None else math.prod(shape) * array.itemsize
         if nbytes < PIN_MIN_BYTES:
-            return array[sel]
+            return take_rows(array, sel)
         if len(sel) and (int(sel.min()) < 0 or int(sel.max()) >= len(array)):
             raise IndexError("batch indices reach outside the %d rows here: %d to %d"
                              % (len(array), int(sel.min()), int(sel.max())))
